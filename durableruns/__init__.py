@@ -1,0 +1,40 @@
+"""durableruns: multi-step business runs that resume from their own record after a crash.
+
+Declare a `Workflow`, start runs with `start`, let cron call `manage.py resume_runs`, read a run's recovery
+boundary with `boundary`, and let staff settle escalated steps with `decide`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from durableruns import errors
+from durableruns.errors import Rejected
+from durableruns.registry import Workflow
+
+if TYPE_CHECKING:
+    from durableruns.boundary import Boundary
+    from durableruns.models import Intervention
+
+__all__ = ["Workflow", "Rejected", "start", "boundary", "decide", "errors"]
+
+
+def start(workflow_name: str, input: Any, run_id: str | None = None) -> str:
+    """Record a pending run of `workflow_name` with `input` (a JSON object); return its run_id."""
+    from durableruns import services
+
+    return services.start_run(workflow_name, input, run_id=run_id)
+
+
+def boundary(run_id: str) -> Boundary:
+    """Return the run's recovery boundary: `.done`, `.in_doubt`, `.remainder`, `.status`; str() says it."""
+    from durableruns import services
+
+    return services.run_boundary(run_id)
+
+
+def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: Any = None) -> Intervention:
+    """Decide an escalated step: 'happened', 'did_not_happen' or 'abandon'; applies once, recorded."""
+    from durableruns import services
+
+    return services.decide(run_id, step, outcome, by=by, note=note, result=result)

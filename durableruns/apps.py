@@ -1,0 +1,26 @@
+"""durableruns' AppConfig: registers the system checks and imports each installed app's workflows.py."""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.utils.module_loading import autodiscover_modules
+
+
+class DurableRunsConfig(AppConfig):
+    name = "durableruns"
+    verbose_name = "Durable runs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from durableruns import checks  # noqa: F401  (registers the checks)
+        from durableruns import testing
+
+        testing.arm_from_environment()
+
+        autodiscover_modules("workflows")
+        # Workflows that live outside an installed app (a script's, a test suite's) are named in settings.
+        for module in getattr(settings, "DURABLERUNS_WORKFLOW_MODULES", ()):
+            import_module(module)

@@ -1,0 +1,126 @@
+"""The recovery boundary: which steps are done, which are in doubt, which remain, from the record alone.
+
+This module is pure (no Django, no I/O) so the rule that decides every resume can be tested exhaustively.
+A step's latest attempt decides its state; a `started` attempt with no outcome is in doubt, never failed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, tzinfo
+from typing import Any
+
+
+class Zone(enum.StrEnum):
+    """Where a step of the plan stands on the boundary."""
+
+    DONE = "done"
+    IN_DOUBT = "in_doubt"
+    FAILED = "failed"
+    NOT_STARTED = "not_started"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepAttempt:
+    """One attempt at one step, as recorded in run_step."""
+
+    step: str
+    attempt: int
+    status: str  # started | completed | failed
+    effect_key: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    loop_cursor: int = 0
+    progress: Mapping[str, Any] = field(default_factory=dict)
+    result: Any = None
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Boundary:
+    """The partition of a plan computed at the top of a resume; lists hold step names in plan order.
+
+    `remainder` is every step not done, the in-doubt and failed ones included (as in the design source).
+    """
+
+    plan: tuple[str, ...]
+    done: list[str]
+    in_doubt: list[str]
+    failed: list[str]
+    remainder: list[str]
+    latest: Mapping[str, StepAttempt]
+    status: str | None = None
+
+    def zone(self, step: str) -> Zone:
+        """Return the zone of one step of the plan."""
+        if step in self.done:
+            return Zone.DONE
+        if step in self.in_doubt:
+            return Zone.IN_DOUBT
+        if step in self.failed:
+            return Zone.FAILED
+        return Zone.NOT_STARTED
+
+    def sentence(self, tz: tzinfo | None = None) -> str:
+        """Say where the run stands, e.g. '6 steps complete, charge in doubt since 14:07, 3 steps remaining'."""
+        return operator_sentence(self, tz)
+
+    def __str__(self) -> str:
+        return self.sentence()
+
+
+def compute_boundary(plan: Sequence[str], attempts: Sequence[StepAttempt]) -> Boundary:
+    """Partition `plan` by the latest attempt of each step; attempts of steps not in the plan are ignored."""
+    latest: dict[str, StepAttempt] = {}
+    for a in attempts:
+        seen = latest.get(a.step)
+        if seen is None or a.attempt > seen.attempt:
+            latest[a.step] = a
+    done: list[str] = []
+    in_doubt: list[str] = []
+    failed: list[str] = []
+    remainder: list[str] = []
+    for step in plan:
+        a = latest.get(step)
+        if a is not None and a.status == "completed":
+            done.append(step)
+            continue
+        remainder.append(step)
+        if a is None:
+            continue
+        if a.status == "started":
+            in_doubt.append(step)  # intent recorded, outcome unknown
+        elif a.status == "failed":
+            failed.append(step)
+    return Boundary(
+        plan=tuple(plan),
+        done=done,
+        in_doubt=in_doubt,
+        failed=failed,
+        remainder=remainder,
+        latest={s: latest[s] for s in plan if s in latest},
+    )
+
+
+def _count(n: int) -> str:
+    return f"{n} step{'' if n == 1 else 's'}"
+
+
+def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
+    """Render the boundary as one sentence an operator can act on."""
+    if not b.remainder:
+        return f"all {_count(len(b.done))} complete"
+    parts = [f"{_count(len(b.done))} complete"]
+    for step in b.in_doubt:
+        since = b.latest[step].started_at
+        parts.append(f"{step} in doubt since {_clock(since, tz)}" if since else f"{step} in doubt")
+    for step in b.failed:
+        parts.append(f"{step} failed (attempt {b.latest[step].attempt})")
+    parts.append(f"{_count(len(b.remainder))} remaining")
+    return ", ".join(parts)
+
+
+def _clock(when: datetime, tz: tzinfo | None) -> str:
+    return (when.astimezone(tz) if tz else when).strftime("%H:%M")

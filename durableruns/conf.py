@@ -1,0 +1,31 @@
+"""durableruns' settings with their defaults, read when used so tests and deployments can override them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+
+
+def lease_seconds() -> float:
+    """How long a claim lasts without renewal; DURABLERUNS_LEASE_SECONDS, 30 by default."""
+    return float(getattr(settings, "DURABLERUNS_LEASE_SECONDS", 30.0))
+
+
+def retry_backoff() -> timedelta:
+    """The wait before the second attempt after an observed failure; it doubles each time."""
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_RETRY_BACKOFF_SECONDS", 1.0)))
+
+
+def retry_backoff_max() -> timedelta:
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_RETRY_BACKOFF_MAX_SECONDS", 300.0)))
+
+
+def lookup_retry() -> timedelta:
+    """How soon a lookup that raised is asked again."""
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_LOOKUP_RETRY_SECONDS", 5.0)))
+
+
+def default_timeout() -> timedelta:
+    """The longest a step's far call may stay open when the step declares no timeout."""
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_DEFAULT_TIMEOUT_SECONDS", 30.0)))

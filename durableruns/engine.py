@@ -1,0 +1,381 @@
+"""Drive one claimed run: compute the boundary once, settle what is in doubt by policy, run the remainder.
+
+Every step that acts goes intent commit -> the call -> result commit, and the call is never made inside a
+database transaction. The only `except Exception` in durableruns is here, around users' step and lookup
+functions, and it never turns an unknown outcome into a failure: only a declared rejection is `failed`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from durableruns import conf, store, testing
+from durableruns.boundary import Boundary, StepAttempt, compute_boundary
+from durableruns.context import StepContext
+from durableruns.errors import EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
+from durableruns.models import Escalation, Intervention, Resolution, RunStatus, RunStep
+from durableruns.policies import (
+    Action,
+    Next,
+    Outcome,
+    Policy,
+    after_failure,
+    after_lookup,
+    after_lookup_error,
+    cap_attempts,
+    settle_in_doubt,
+)
+from durableruns.registry import Step, Workflow, effect_key, get_workflow
+from durableruns.store import Claimed, Intent, Lease
+
+log = logging.getLogger("durableruns")
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutcome:
+    """How one pass over a run ended: the run's status afterwards and a line for the operator."""
+
+    run_id: str
+    status: str
+    detail: str
+    steps_run: int = 0
+
+
+def ensure_autocommit() -> None:
+    """Refuse to act inside a transaction: a rollback after a real charge would erase the evidence of it."""
+    if connection.in_atomic_block or not transaction.get_autocommit():
+        raise EffectInTransaction()
+
+
+def load_attempts(run_id: str) -> list[StepAttempt]:
+    """Every attempt of the run, in one query."""
+    return [row.to_attempt() for row in RunStep.objects.of_run(run_id)]
+
+
+class Heartbeat:
+    """Renew the lease from a thread while the run is worked, so a long step keeps it.
+
+    A paused or dead process stops renewing, and that is what lets another worker take the run.
+    """
+
+    def __init__(self, lease: Lease, clock: Clock) -> None:
+        self.lease = lease
+        self.clock = clock
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat:{lease.run_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        try:
+            while not self._stop.wait(self.lease.seconds / 3):
+                try:
+                    store.renew(self.lease, now=self.clock())
+                except FencedOut:
+                    self.lost.set()
+                    return
+        finally:
+            connection.close()  # this thread's own connection
+
+
+@dataclass
+class _Pass:
+    """The mutable state of one pass over one run."""
+
+    claimed: Claimed
+    workflow: Workflow
+    boundary: Boundary
+    results: dict[str, Any] = field(default_factory=dict)
+    steps_run: int = 0
+    # Attempts made of each step since staff last reset its count (a retry), for max_attempts.
+    floors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def lease(self) -> Lease:
+        return self.claimed.lease
+
+    @property
+    def run_id(self) -> str:
+        return self.claimed.lease.run_id
+
+
+class _Stop(Exception):
+    """Internal: the pass ends here with this outcome (the run was released or fenced out)."""
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        self.outcome = outcome
+
+
+class Engine:
+    """Works claimed runs. `clock` is injectable so tests can move time past a lookup's lag."""
+
+    def __init__(self, clock: Clock = timezone.now) -> None:
+        self.clock = clock
+
+    # -- entry point -------------------------------------------------------------------------------------
+
+    def work(self, claimed: Claimed) -> RunOutcome:
+        """Work one claimed run until it completes, waits, needs a person, fails, or the lease is lost."""
+        lease = claimed.lease
+        try:
+            workflow = get_workflow(claimed.workflow)
+        except UnknownWorkflow as exc:
+            return self._release(lease, RunStatus.FAILED, f"{exc}; was the workflow removed in a deploy?")
+        if workflow.fingerprint != claimed.plan_fingerprint:
+            return self._release(
+                lease,
+                RunStatus.FAILED,
+                f"plan changed between deploys: the run started under plan {claimed.plan_fingerprint}, "
+                f"this deploy has {workflow.fingerprint} ({workflow.describe()}); nothing was skipped or "
+                f"reordered: staff must decide (cancel it, or restore the old plan)",
+            )
+        attempts = load_attempts(lease.run_id)
+        boundary = compute_boundary(workflow.plan, attempts)  # once, before any step runs
+        state = _Pass(claimed=claimed, workflow=workflow, boundary=boundary)
+        state.results = {s: boundary.latest[s].result for s in boundary.done}
+        state.floors = self._attempt_floors(lease.run_id)
+        try:
+            with Heartbeat(lease, self.clock):
+                return self._drive(state)
+        except _Stop as stop:
+            return stop.outcome
+        except FencedOut as exc:
+            log.warning("run %s: fenced out: %s", lease.run_id, exc)
+            return RunOutcome(run_id=lease.run_id, status="fenced_out",
+                              detail=f"another worker took the run (epoch {lease.epoch} is stale); wrote nothing more",
+                              steps_run=state.steps_run)
+
+    # -- the pass ----------------------------------------------------------------------------------------
+
+    def _drive(self, state: _Pass) -> RunOutcome:
+        plan = state.workflow.steps
+        pending_intent: Intent | None = None  # committed together with the previous step's result
+        for index, step in enumerate(plan):
+            if step.name in state.boundary.done:
+                continue
+            latest = state.boundary.latest.get(step.name)
+            if pending_intent is not None and pending_intent.step == step.name:
+                intent, pending_intent = pending_intent, None
+                recorded = True
+            else:
+                intent, recorded = self._first_move(state, step, index, latest)
+                if intent is None:  # settled without running (completed by lookup or decision)
+                    continue
+            pending_intent = self._run_until_settled(state, step, index, intent, recorded, plan)
+        store.release(state.lease, status=RunStatus.COMPLETED, now=self.clock())
+        return RunOutcome(run_id=state.run_id, status=RunStatus.COMPLETED,
+                          detail=f"all {len(plan)} steps complete", steps_run=state.steps_run)
+
+    def _first_move(self, state: _Pass, step: Step, index: int, latest: StepAttempt | None
+                    ) -> tuple[Intent | None, bool]:
+        """Decide what the boundary says about this step; return the intent to run, or None if settled."""
+        if latest is None:
+            return self._fresh_intent(state, step, index, attempt=1), False
+        if latest.status == "failed":
+            verdict = cap_attempts(Next(action=Action.RUN, reason=f"retrying {step.name} after a failure"),
+                                   attempts_made=self._made(state, step, latest.attempt),
+                                   max_attempts=step.max_attempts)
+            return self._apply(state, step, index, latest, verdict)
+        return self._settle(state, step, index, latest)
+
+    def _settle(self, state: _Pass, step: Step, index: int, attempt: StepAttempt) -> tuple[Intent | None, bool]:
+        """Settle an in-doubt attempt by the step's policy."""
+        outcome, escalation_open = self._escalation_state(state.run_id, step, attempt)
+        verdict = settle_in_doubt(step.policy, attempt=attempt, escalation_open=escalation_open,
+                                  staff_outcome=outcome)
+        if verdict.action is Action.LOOK_UP:
+            verdict = self._look_up(state, step, attempt)
+        if step.policy is not Policy.ESCALATE:
+            verdict = cap_attempts(verdict, attempts_made=self._made(state, step, attempt.attempt),
+                                   max_attempts=step.max_attempts)
+        return self._apply(state, step, index, attempt, verdict)
+
+    def _apply(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, verdict: Next
+               ) -> tuple[Intent | None, bool]:
+        now = self.clock()
+        lease = state.lease
+        action = verdict.action
+        if action is Action.RUN:
+            restored = attempt if attempt.loop_cursor else None
+            return self._fresh_intent(state, step, index, attempt=attempt.attempt + 1, restored=restored), False
+        if action is Action.COMPLETE:
+            resolution = Resolution.LOOKUP if step.policy is Policy.RESOLVABLE else Resolution.DECISION
+            store.record_result(lease, step=step.name, attempt=attempt.attempt, result=verdict.result,
+                                cursor=index + 1, now=now, resolution=resolution)
+            state.results[step.name] = verdict.result
+            return None, False
+        if action is Action.WAIT:
+            raise _Stop(self._release(lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
+        if action is Action.ESCALATE:
+            store.open_escalation(lease, step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
+                                  in_doubt_since=attempt.started_at or now, reason=verdict.reason, now=now)
+            raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION,
+                                   detail=verdict.reason, steps_run=state.steps_run))
+        if action is Action.HOLD:
+            raise _Stop(self._release(lease, RunStatus.NEEDS_DECISION, verdict.reason))
+        if action is Action.CANCEL:
+            raise _Stop(self._release(lease, RunStatus.CANCELLED, verdict.reason))
+        raise _Stop(self._release(lease, RunStatus.FAILED, f"{step.name}: {verdict.reason}"))
+
+    def _run_until_settled(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
+                           plan: list[Step]) -> Intent | None:
+        """Run attempts of `step` until it completes; return the next step's intent if it shared the commit."""
+        while True:
+            lease = state.lease
+            if step.intent and not recorded:
+                testing.reached("before_intent", step.name)
+                store.record_intent(lease, intent, now=self.clock())  # commit 1: before the step acts
+            recorded = step.intent
+            testing.reached("after_intent", step.name)
+            started_at = self.clock()
+            try:
+                result = self._call(state, step, intent)
+            except (FencedOut, EffectInTransaction):
+                raise
+            except Exception as exc:  # users' code: classify, never retry blindly
+                follow = self._after_error(state, step, index, intent, recorded, started_at, exc)
+                if follow is None:
+                    return None
+                intent, recorded = follow
+                continue
+            testing.reached("after_return", step.name)
+            next_intent = self._next_intent(state, plan, index)
+            if next_intent is not None:  # its intent rides on this commit, so "before" it is now
+                testing.reached("before_intent", next_intent.step)
+            store.record_result(lease, step=step.name, attempt=intent.attempt, result=result, cursor=index + 1,
+                                now=self.clock(), intent_recorded=recorded, effect_key=intent.effect_key,
+                                next_intent=next_intent)  # commit 2, the last thing the step does
+            state.results[step.name] = result
+            state.steps_run += 1
+            return next_intent
+
+    def _call(self, state: _Pass, step: Step, intent: Intent) -> Any:
+        lease = state.lease
+
+        def checkpoint(loop_cursor: int, progress: dict[str, Any]) -> None:
+            store.checkpoint(lease, step=step.name, attempt=intent.attempt, loop_cursor=loop_cursor,
+                             progress=progress, now=self.clock())
+
+        ctx = StepContext(
+            run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
+            effect_key=intent.effect_key, attempt=intent.attempt,
+            timeout=step.timeout or conf.default_timeout(),
+            progress=dict(intent.progress or {}), loop_start=intent.loop_cursor, checkpoint=checkpoint,
+        )
+        ensure_autocommit()
+        result = step.fn(ctx)
+        return store.ensure_json(result, what=f"the result of {step.name}")
+
+    def _after_error(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
+                     started_at: datetime, exc: Exception) -> tuple[Intent, bool] | None:
+        """Classify a step's exception: a rejection (or a re-executable step) failed; anything else is in doubt."""
+        now = self.clock()
+        error = _describe(exc)
+        log.info("run %s: %s attempt %s raised %s", state.run_id, step.name, intent.attempt, error)
+        if step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE:
+            store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, now=now,
+                                 intent_recorded=recorded, effect_key=intent.effect_key)
+            verdict = after_failure(attempts_made=self._made(state, step, intent.attempt),
+                                    max_attempts=step.max_attempts, now=now, backoff=conf.retry_backoff(),
+                                    backoff_max=conf.retry_backoff_max())
+            if verdict.action is Action.RUN:
+                return self._fresh_intent(state, step, index, attempt=intent.attempt + 1), False
+            status = RunStatus.WAITING if verdict.action is Action.WAIT else RunStatus.FAILED
+            raise _Stop(self._release(state.lease, status, f"{step.name}: {error}; {verdict.reason}",
+                                   wake_at=verdict.until))
+        # The call may have reached the far system: the attempt stays started (in doubt) and goes through
+        # its policy, exactly as if the process had died here.
+        attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
+                              effect_key=intent.effect_key, started_at=started_at)
+        moved, _ = self._settle(state, step, index, attempt)
+        if moved is None:
+            return None
+        return moved, False
+
+    # -- helpers -----------------------------------------------------------------------------------------
+
+    def _fresh_intent(self, state: _Pass, step: Step, index: int, *, attempt: int,
+                      restored: StepAttempt | None = None) -> Intent:
+        return Intent(
+            step=step.name, attempt=attempt, effect_key=effect_key(state.run_id, step.name), cursor=index,
+            loop_cursor=restored.loop_cursor if restored else 0,
+            progress=dict(restored.progress) if restored else None,
+        )
+
+    def _next_intent(self, state: _Pass, plan: list[Step], index: int) -> Intent | None:
+        """The next step's intent, to share this result's commit, when it starts right away with no history."""
+        if index + 1 >= len(plan):
+            return None
+        nxt = plan[index + 1]
+        if not nxt.intent or nxt.name in state.boundary.latest:
+            return None
+        return self._fresh_intent(state, nxt, index + 1, attempt=1)
+
+    def _look_up(self, state: _Pass, step: Step, attempt: StepAttempt) -> Next:
+        assert step.lookup is not None  # guaranteed by Workflow.step(); kept for the type checker
+        ctx = StepContext(run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
+                          effect_key=attempt.effect_key, attempt=attempt.attempt,
+                          timeout=step.timeout or conf.default_timeout())
+        try:
+            ensure_autocommit()
+            found = step.lookup(ctx)
+            if found is not None:
+                store.ensure_json(found, what=f"the lookup result of {step.name}")
+        except (EffectInTransaction, ResultNotJSON) as exc:
+            return after_lookup_error(str(exc), now=self.clock(), retry_in=conf.lookup_retry())
+        except Exception as exc:  # a lookup that raises proves nothing; never taken as absence
+            return after_lookup_error(_describe(exc), now=self.clock(), retry_in=conf.lookup_retry())
+        return after_lookup(found, attempt=attempt, now=self.clock(),
+                            timeout=step.timeout or conf.default_timeout(), lookup_lag=step.lookup_lag)
+
+    def _escalation_state(self, run_id: str, step: Step, attempt: StepAttempt) -> tuple[Outcome | None, bool]:
+        if step.policy is not Policy.ESCALATE:
+            return None, False
+        escalation = (Escalation.objects.for_attempt(run_id, step.name, attempt.attempt)
+                      .select_related("decision").first())
+        if escalation is None:
+            return None, False
+        decision = getattr(escalation, "decision", None)
+        if decision is None:
+            return None, True
+        return Outcome(decision.action), False
+
+    @staticmethod
+    def _attempt_floors(run_id: str) -> dict[str, int]:
+        floors: dict[str, int] = {}
+        for step, attempt in Intervention.objects.filter(
+            run_id=run_id, action=Intervention.Action.RETRY
+        ).values_list("step", "attempt"):
+            floors[step] = max(floors.get(step, 0), attempt or 0)
+        return floors
+
+    @staticmethod
+    def _made(state: _Pass, step: Step, attempt_no: int) -> int:
+        return attempt_no - state.floors.get(step.name, 0)
+
+    def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
+        store.release(lease, status=status, now=self.clock(), wake_at=wake_at, reason=reason)
+        detail = f"{reason} (until {wake_at:%H:%M:%S})" if wake_at else reason
+        return RunOutcome(run_id=lease.run_id, status=status, detail=detail)
+
+
+def _describe(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text[:2000]

@@ -1,0 +1,88 @@
+"""The exception tree of durableruns. Every error carries its facts as attributes; the edges translate.
+
+    DurableRunsError
+    ├── DeclarationError          a workflow or step is declared wrongly (at import time)
+    ├── UnknownWorkflow           no workflow is registered under that name
+    ├── InvalidInput              a run's input is not a JSON object
+    ├── DuplicateRun              a run with that run_id exists already
+    ├── RunNotFound               no run has that run_id
+    ├── ResultNotJSON             a step returned (or a decision supplied) a value that is not JSON
+    ├── EffectInTransaction       a step was about to act inside an open database transaction
+    ├── FencedOut                 this worker's epoch is stale: another worker owns the run now
+    ├── EscalationNotFound        no open escalation for that run and step
+    ├── AlreadyDecided            the escalation was decided before (carries who decided first)
+    ├── InvalidDecision           the outcome is not one of happened / did_not_happen / abandon
+    └── RunNotActionable          a staff action does not fit the run's status (cancel a completed run, ...)
+
+`Rejected` is not in this tree: it is what a step raises to say the far system refused the call, an
+observed failure. The engine records it as a failed attempt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DurableRunsError(Exception):
+    """A durableruns error."""
+
+    def __init__(self, message: str | None = None, **facts: Any) -> None:
+        self.facts = facts
+        for name, value in facts.items():
+            setattr(self, name, value)
+        text = message or (self.__doc__ or "").strip().splitlines()[0]
+        if facts and message is None:
+            text = f"{text} ({', '.join(f'{k}={v!r}' for k, v in facts.items())})"
+        super().__init__(text)
+
+
+class DeclarationError(DurableRunsError):
+    """The workflow or step declaration is invalid."""
+
+
+class UnknownWorkflow(DurableRunsError):
+    """No workflow is registered under that name."""
+
+
+class InvalidInput(DurableRunsError):
+    """The run's input must be a JSON object."""
+
+
+class DuplicateRun(DurableRunsError):
+    """A run with that run_id exists already."""
+
+
+class RunNotFound(DurableRunsError):
+    """No run has that run_id."""
+
+
+class ResultNotJSON(DurableRunsError):
+    """The value is not JSON: it cannot be recorded."""
+
+
+class EffectInTransaction(DurableRunsError):
+    """A step may not act inside an open database transaction: a rollback would erase the evidence of its effect."""
+
+
+class FencedOut(DurableRunsError):
+    """This worker's epoch is stale: another worker claimed the run, so nothing more is written."""
+
+
+class EscalationNotFound(DurableRunsError):
+    """There is no escalation for that run and step."""
+
+
+class AlreadyDecided(DurableRunsError):
+    """This escalation was decided already; a decision applies once."""
+
+
+class InvalidDecision(DurableRunsError):
+    """The outcome must be one of: happened, did_not_happen, abandon."""
+
+
+class RunNotActionable(DurableRunsError):
+    """The run's status does not allow that action."""
+
+
+class Rejected(Exception):
+    """Raise from a step when the far system definitely refused the call: an observed failure, not an unknown."""

@@ -1,0 +1,112 @@
+"""Resume due runs: what cron calls. Safe under overlap: a run held by another worker is skipped."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+
+from durableruns import conf, services
+from durableruns.engine import RunOutcome
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Command(BaseCommand):
+    help = (
+        "Claim and work due runs: new ones, ones whose lease expired, waiting ones whose time has come, and ones "
+        "whose escalation was decided. Runs left waiting or needing a decision are outcomes, not errors."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        mode = parser.add_mutually_exclusive_group()
+        mode.add_argument("--once", action="store_true", help="One pass, then exit (the default, for cron).")
+        mode.add_argument("--loop", action="store_true", help="Pass after pass until --max-seconds or SIGTERM.")
+        parser.add_argument("--interval", type=_positive(float), default=5.0,
+                            help="Seconds to sleep in --loop when nothing was due (default 5).")
+        parser.add_argument("--limit", type=_positive(int), default=100, help="Runs per pass (default 100).")
+        parser.add_argument("--run", dest="run_id", metavar="RUN_ID", help="Work only this run.")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="Print each due run's boundary and what would be done; change nothing.")
+        parser.add_argument("--worker", default=None, help="Owner name recorded on claims (default host:pid).")
+        parser.add_argument("--max-seconds", type=_positive(float), default=None,
+                            help="Stop claiming new runs after this many seconds.")
+        parser.add_argument("--lease", type=_positive(float), default=None,
+                            help="Lease length in seconds (default DURABLERUNS_LEASE_SECONDS, 30).")
+
+    def handle(self, *args: Any, loop: bool, interval: float, limit: int, run_id: str | None, dry_run: bool,
+               worker: str | None, max_seconds: float | None, lease: float | None, **options: Any) -> None:
+        if dry_run:
+            self._preview(limit=limit, run_id=run_id)
+            return
+        owner = worker or services.default_owner()
+        lease = lease or conf.lease_seconds()
+        stopping = _StopFlag()
+        began = time.monotonic()
+        crashed = 0
+        while True:
+            remaining = None if max_seconds is None else max_seconds - (time.monotonic() - began)
+            if remaining is not None and remaining <= 0:
+                break
+            try:
+                report = services.resume_due(limit=limit, owner=owner, lease_seconds=lease, run_id=run_id,
+                                             max_seconds=remaining, on_outcome=self._line)
+            except DatabaseError as exc:
+                raise CommandError(
+                    f"database error, pass stopped: {exc}".strip()
+                    + "\nEvery fact is its own transaction, so nothing is half recorded; the next pass resumes "
+                      "from the record."
+                ) from exc
+            for run, error in report.crashed:
+                self.stderr.write(f"{run}: raised {error}")
+            crashed += len(report.crashed)
+            self.stdout.write(report.summary())
+            if not loop or stopping.set or run_id:
+                break
+            if not report.outcomes and not report.crashed:
+                stopping.sleep(interval if remaining is None else min(interval, remaining))
+            if stopping.set:
+                break
+        if crashed:
+            raise CommandError(f"{crashed} run(s) raised unexpectedly", returncode=3)
+
+    def _line(self, outcome: RunOutcome) -> None:
+        self.stdout.write(f"{outcome.run_id}: {outcome.status} - {outcome.detail}")
+
+    def _preview(self, *, limit: int, run_id: str | None) -> None:
+        previews = services.preview_due(limit=limit, run_id=run_id)
+        for p in previews:
+            self.stdout.write(f"{p.run_id}: {p.boundary}\n  would {p.would}")
+        self.stdout.write(f"dry run: {len(previews)} run(s) due; nothing changed")
+
+
+class _StopFlag:
+    """SIGTERM / SIGINT end --loop after the run in hand, never in the middle of a step."""
+
+    def __init__(self) -> None:
+        self.set = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread (e.g. called from a test thread)
+                pass
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.set = True
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self.set and time.monotonic() < end:
+            time.sleep(min(0.1, end - time.monotonic()))

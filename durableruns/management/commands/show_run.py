@@ -1,0 +1,52 @@
+"""Print one run: the operator sentence, the boundary step by step, and every attempt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from durableruns import services
+from durableruns.errors import RunNotFound
+from durableruns.models import RunStep
+
+
+class Command(BaseCommand):
+    help = "Show a run's recovery boundary and every attempt of every step."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("run_id")
+
+    def handle(self, *args: Any, run_id: str, **options: Any) -> None:
+        try:
+            run = services.get_run(run_id)
+        except RunNotFound as exc:
+            raise CommandError(str(exc)) from exc
+        tz = timezone.get_current_timezone()
+        b = services.boundary_of(run)
+        self.stdout.write(f"{run.run_id} ({run.workflow}): {run.status}")
+        self.stdout.write(f"  {b.sentence(tz)}")
+        if run.reason:
+            self.stdout.write(f"  reason: {run.reason}")
+        if run.wake_at:
+            self.stdout.write(f"  wakes at {run.wake_at.astimezone(tz):%Y-%m-%d %H:%M:%S}")
+        self.stdout.write("boundary:")
+        for step in b.plan:
+            self.stdout.write(f"  {step:<20} {b.zone(step).value}")
+        self.stdout.write("attempts:")
+        for a in RunStep.objects.of_run(run.run_id):
+            line = (f"  {a.step:<20} #{a.attempt} {a.status:<9} key={a.effect_key} "
+                    f"started={_clock(a.started_at, tz)} finished={_clock(a.finished_at, tz)} "
+                    f"epoch={a.epoch} owner={a.owner}")
+            if a.loop_cursor:
+                line += f" loop={a.loop_cursor}"
+            if a.resolution:
+                line += f" ({a.get_resolution_display()})"
+            if a.error:
+                line += f"\n      error: {a.error.splitlines()[-1]}"
+            self.stdout.write(line)
+
+
+def _clock(when: Any, tz: Any) -> str:
+    return f"{when.astimezone(tz):%H:%M:%S.%f}"[:-3] if when else "-"

@@ -1,0 +1,185 @@
+"""The record: run_state (one small row per run) and run_step (one row per attempt), plus escalations and
+the decisions staff take on them. No I/O and no business rules here; only store.py writes these tables.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from durableruns.boundary import StepAttempt
+from durableruns.querysets import EscalationQuerySet, RunStateQuerySet, RunStepQuerySet
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    WAITING = "waiting", "waiting"
+    NEEDS_DECISION = "needs_decision", "needs decision"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class StepStatus(models.TextChoices):
+    STARTED = "started", "started"
+    COMPLETED = "completed", "completed"
+    FAILED = "failed", "failed"
+
+
+class Resolution(models.TextChoices):
+    """How a completed attempt came to be completed."""
+
+    RETURNED = "returned", "the step returned"
+    LOOKUP = "lookup", "resolved by lookup"
+    DECISION = "decision", "decided by staff"
+
+
+class RunState(models.Model):
+    """Where a run is and who owns it. Rewritten on every commit a worker makes, so kept small."""
+
+    run_id = models.CharField(max_length=200, primary_key=True)
+    workflow = models.CharField(max_length=200)
+    plan_fingerprint = models.CharField(max_length=64)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
+    cursor = models.PositiveIntegerField(default=0, help_text="Index in the plan of the next step to run.")
+    owner = models.CharField(max_length=200, blank=True, default="")
+    epoch = models.PositiveBigIntegerField(default=0, help_text="Bumped on every claim; fences stale workers.")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="", help_text="Why the run waits, stopped or failed.")
+    input = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = RunStateQuerySet.as_manager()
+
+    class Meta:
+        db_table = "run_state"
+        verbose_name = "run"
+        ordering = ["-created_at"]
+        indexes = [
+            # Only runs a worker may still take are indexed, so claiming stays flat however many runs finished.
+            models.Index(
+                fields=["created_at"],
+                name="run_state_active_idx",
+                condition=Q(status__in=["pending", "running", "waiting"]),
+            ),
+            models.Index(fields=["workflow", "status"], name="run_state_workflow_status_idx"),
+            models.Index(fields=["-created_at"], name="run_state_created_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return self.run_id
+
+
+class RunStep(models.Model):
+    """One attempt at one step. Appended, never overwritten; its status moves forward once from started."""
+
+    pk = models.CompositePrimaryKey("run_id", "step", "attempt")
+    run = models.ForeignKey(RunState, on_delete=models.CASCADE, db_column="run_id", related_name="attempts")
+    step = models.CharField(max_length=200)
+    attempt = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=20, choices=StepStatus.choices)
+    effect_key = models.CharField(max_length=500, blank=True, default="")
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    resolution = models.CharField(max_length=20, choices=Resolution.choices, blank=True, default="")
+    owner = models.CharField(max_length=200, blank=True, default="")
+    epoch = models.PositiveBigIntegerField(default=0)
+    loop_cursor = models.PositiveIntegerField(default=0, help_text="Items of the step's loop checkpointed.")
+    progress = models.JSONField(default=dict, blank=True)
+
+    objects = RunStepQuerySet.as_manager()
+
+    class Meta:
+        db_table = "run_step"
+        verbose_name = "attempt"
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=StepStatus.values), name="run_step_status_valid"),
+        ]
+        indexes = [models.Index(fields=["effect_key"], name="run_step_effect_key_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}/{self.step}#{self.attempt}"
+
+    def to_attempt(self) -> StepAttempt:
+        """Convert to the pure core's frozen value."""
+        return StepAttempt(
+            step=self.step,
+            attempt=self.attempt,
+            status=self.status,
+            effect_key=self.effect_key,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            loop_cursor=self.loop_cursor,
+            progress=self.progress or {},
+            result=self.result,
+            error=self.error,
+        )
+
+
+class Escalation(models.Model):
+    """An in-doubt step that no machine can settle, opened by the engine for a person to decide."""
+
+    run = models.ForeignKey(RunState, on_delete=models.CASCADE, related_name="escalations")
+    step = models.CharField(max_length=200)
+    attempt = models.PositiveIntegerField()
+    effect_key = models.CharField(max_length=500, blank=True, default="")
+    in_doubt_since = models.DateTimeField()
+    opened_at = models.DateTimeField()
+    reason = models.TextField(blank=True, default="")
+
+    objects = EscalationQuerySet.as_manager()
+
+    class Meta:
+        db_table = "run_escalation"
+        ordering = ["opened_at"]
+        permissions = [("decide_escalation", "Can decide escalated steps")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step", "attempt"], name="run_escalation_once_per_attempt"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}/{self.step}#{self.attempt}"
+
+    @property
+    def is_open(self) -> bool:
+        return not hasattr(self, "decision")
+
+
+class Intervention(models.Model):
+    """A staff act on a run: who, when, why. A decision on an escalation is one, made at most once."""
+
+    class Action(models.TextChoices):
+        HAPPENED = "happened", "it happened"
+        DID_NOT_HAPPEN = "did_not_happen", "it did not happen, run it again"
+        ABANDON = "abandon", "abandon the run"
+        CANCEL = "cancel", "cancel the run"
+        RETRY = "retry", "retry the failed step"
+
+    run = models.ForeignKey(RunState, on_delete=models.CASCADE, related_name="interventions")
+    escalation = models.OneToOneField(
+        Escalation, null=True, blank=True, on_delete=models.CASCADE, related_name="decision"
+    )
+    step = models.CharField(max_length=200, blank=True, default="")
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    action = models.CharField(max_length=20, choices=Action.choices)
+    decided_by = models.CharField(max_length=200)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    decided_at = models.DateTimeField()
+    note = models.TextField()
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "run_intervention"
+        ordering = ["-decided_at"]
+
+    def __str__(self) -> str:
+        return f"{self.get_action_display()} by {self.decided_by}"

@@ -1,0 +1,132 @@
+"""What to do with a step the boundary puts in doubt, by the policy its plan declares. Pure: no Django, no I/O.
+
+Unknown is never treated as failed. Each function here turns facts (the in-doubt attempt, the clock, a lookup's
+answer, a staff decision) into one `Next` action; the engine carries it out.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from durableruns.boundary import StepAttempt
+
+
+class Policy(enum.StrEnum):
+    """How an in-doubt step is settled, declared per step."""
+
+    RE_EXECUTABLE = "re_executable"  # running it again leaves the world as one run would
+    RESOLVABLE = "resolvable"  # the far system can be asked by the run's own key
+    ESCALATE = "escalate"  # nobody can tell automatically: a person decides
+
+
+class Outcome(enum.StrEnum):
+    """A person's decision on an escalated step."""
+
+    HAPPENED = "happened"
+    DID_NOT_HAPPEN = "did_not_happen"
+    ABANDON = "abandon"
+
+
+class Action(enum.StrEnum):
+    RUN = "run"  # start a new attempt under the same effect key, from the last loop checkpoint
+    LOOK_UP = "look_up"  # ask the far system for the effect by the run's own key
+    COMPLETE = "complete"  # record the in-doubt attempt completed with a known result
+    WAIT = "wait"  # not decidable yet: release the run until `until`
+    ESCALATE = "escalate"  # open an escalation and stop before anything after this step
+    HOLD = "hold"  # an escalation is open: stop, do nothing
+    CANCEL = "cancel"  # a person abandoned the run
+    FAIL = "fail"  # observed failures exhausted the attempts: the run fails
+
+
+@dataclass(frozen=True, kw_only=True)
+class Next:
+    """The one thing to do next about a step, and why."""
+
+    action: Action
+    until: datetime | None = None
+    result: Any = None
+    reason: str = ""
+
+
+def settle_in_doubt(
+    policy: Policy,
+    *,
+    attempt: StepAttempt,
+    escalation_open: bool = False,
+    staff_outcome: Outcome | None = None,
+) -> Next:
+    """Choose the first move for an in-doubt attempt; never `RUN` a step whose effect might exist unless the policy says running again is safe."""
+    if policy is Policy.RE_EXECUTABLE:
+        return Next(action=Action.RUN, reason=f"{attempt.step} is re-executable: running it again")
+    if policy is Policy.RESOLVABLE:
+        return Next(action=Action.LOOK_UP, reason=f"looking up {attempt.step} by key {attempt.effect_key}")
+    if staff_outcome is Outcome.DID_NOT_HAPPEN:
+        return Next(action=Action.RUN, reason=f"staff decided {attempt.step} did not happen: running it again")
+    if staff_outcome is Outcome.ABANDON:
+        return Next(action=Action.CANCEL, reason=f"staff abandoned the run at {attempt.step}")
+    if staff_outcome is Outcome.HAPPENED:
+        return Next(action=Action.COMPLETE, reason=f"staff decided {attempt.step} happened")
+    if escalation_open:
+        return Next(action=Action.HOLD, reason=f"{attempt.step} awaits a staff decision")
+    return Next(action=Action.ESCALATE, reason=f"{attempt.step} is in doubt and has no lookup: a person decides")
+
+
+def absence_provable_at(attempt: StepAttempt, *, timeout: timedelta, lookup_lag: timedelta) -> datetime:
+    """Return when a 'not found' stops being lateness: after the call could still land, plus the lookup's lag."""
+    if attempt.started_at is None:
+        raise ValueError(f"attempt {attempt.attempt} of {attempt.step} has no start time")
+    return attempt.started_at + timeout + lookup_lag
+
+
+def after_lookup(
+    found: Mapping[str, Any] | None,
+    *,
+    attempt: StepAttempt,
+    now: datetime,
+    timeout: timedelta,
+    lookup_lag: timedelta,
+) -> Next:
+    """Settle a resolvable step from a lookup by its key: found is done; absent is trusted only after the lag."""
+    if found is not None:
+        return Next(action=Action.COMPLETE, result=dict(found), reason=f"{attempt.step} found by key")
+    provable = absence_provable_at(attempt, timeout=timeout, lookup_lag=lookup_lag)
+    if now >= provable:
+        return Next(action=Action.RUN, reason=f"{attempt.step} provably absent: running it again under the same key")
+    return Next(
+        action=Action.WAIT,
+        until=provable,
+        reason=f"{attempt.step} not found yet; absence is provable only after the far system's lag",
+    )
+
+
+def after_lookup_error(error: str, *, now: datetime, retry_in: timedelta) -> Next:
+    """A lookup that raised proves nothing: ask again later."""
+    return Next(action=Action.WAIT, until=now + retry_in, reason=f"lookup raised ({error}); asking again later")
+
+
+def after_failure(
+    *,
+    attempts_made: int,
+    max_attempts: int,
+    now: datetime,
+    backoff: timedelta,
+    backoff_max: timedelta,
+) -> Next:
+    """After an observed failure: retry with exponential backoff until `max_attempts`, then fail the run."""
+    if attempts_made >= max_attempts:
+        return Next(action=Action.FAIL, reason=f"failed {attempts_made} of {max_attempts} attempts")
+    delay = min(backoff_max, backoff * (2 ** (attempts_made - 1)))
+    if delay <= timedelta(0):
+        return Next(action=Action.RUN, reason=f"retrying (attempt {attempts_made + 1} of {max_attempts})")
+    return Next(action=Action.WAIT, until=now + delay, reason=f"retrying after {delay.total_seconds():g}s")
+
+
+def cap_attempts(verdict: Next, *, attempts_made: int, max_attempts: int) -> Next:
+    """Turn an automatic re-run into a failure once the step has used its attempts (a crash loop ends too)."""
+    if verdict.action is Action.RUN and attempts_made >= max_attempts:
+        return Next(action=Action.FAIL, reason=f"gave up after {attempts_made} of {max_attempts} attempts")
+    return verdict

@@ -1,0 +1,56 @@
+"""Reads named in domain words; the admin, the API, the services and the commands call these, never raw filters."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+from django.db.models import Q
+
+
+class RunStateQuerySet(models.QuerySet):
+    ACTIVE = ("pending", "running", "waiting")
+
+    def due(self, now: datetime) -> RunStateQuerySet:
+        """Runs a worker may take now: new or decided, lease expired, or waiting whose wake time has come."""
+        return self.filter(status__in=self.ACTIVE).filter(
+            Q(status="pending")
+            | Q(status="running", lease_expires_at__lt=now)
+            | Q(status="waiting", wake_at__lte=now)
+        )
+
+    def takeable(self, now: datetime) -> RunStateQuerySet:
+        """Runs a worker may take when asked for by id: active and not held under a live lease, wake time or not."""
+        return self.filter(status__in=self.ACTIVE).exclude(status="running", lease_expires_at__gte=now)
+
+    def claimable(self, now: datetime) -> RunStateQuerySet:
+        """Due runs, oldest first, locked for the caller and skipped if another worker holds the lock."""
+        return self.due(now).order_by("created_at").select_for_update(skip_locked=True)
+
+    def needing_decision(self) -> RunStateQuerySet:
+        return self.filter(status="needs_decision")
+
+    def newest_first(self) -> RunStateQuerySet:
+        return self.order_by("-created_at")
+
+
+class RunStepQuerySet(models.QuerySet):
+    def of_run(self, run_id: str) -> RunStepQuerySet:
+        """Every attempt of a run, in the order they were made: one query for the boundary."""
+        return self.filter(run_id=run_id).order_by("started_at", "step", "attempt")
+
+    def in_doubt(self) -> RunStepQuerySet:
+        """Attempts whose intent was recorded and whose outcome never was."""
+        return self.filter(status="started")
+
+
+class EscalationQuerySet(models.QuerySet):
+    def open(self) -> EscalationQuerySet:
+        """Escalations nobody has decided yet, oldest first: the queue."""
+        return self.filter(decision__isnull=True).order_by("opened_at")
+
+    def decided(self) -> EscalationQuerySet:
+        return self.filter(decision__isnull=False).order_by("-decision__decided_at")
+
+    def for_attempt(self, run_id: str, step: str, attempt: int) -> EscalationQuerySet:
+        return self.filter(run_id=run_id, step=step, attempt=attempt)

@@ -1,0 +1,149 @@
+"""Workflows and their steps as declared in Python, and the registry that finds them by name. No database.
+
+A workflow's plan is its steps in declaration order; its fingerprint (ordered names and policies) is recorded
+with each run so that a resume under a changed plan stops instead of skipping or reordering steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from durableruns.errors import DeclarationError, Rejected, UnknownWorkflow
+from durableruns.policies import Policy
+
+if TYPE_CHECKING:
+    from durableruns.context import StepContext
+
+StepFn = Callable[["StepContext"], Any]
+LookupFn = Callable[["StepContext"], "dict[str, Any] | None"]
+
+_registry: dict[str, Workflow] = {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """A declared step: its function, its in-doubt policy and the facts that policy needs."""
+
+    name: str
+    fn: StepFn
+    policy: Policy
+    lookup: LookupFn | None = None
+    lookup_lag: timedelta = timedelta(0)
+    timeout: timedelta | None = None
+    max_attempts: int = 3
+    fails_on: tuple[type[BaseException], ...] = ()
+    intent: bool = True
+
+    @property
+    def doc(self) -> str:
+        """The step's docstring: for steps that escalate, how a person checks the far system by hand."""
+        return (self.fn.__doc__ or "").strip()
+
+    def is_rejection(self, exc: BaseException) -> bool:
+        """Tell an observed rejection (failed) from anything else (in doubt unless re-executable)."""
+        return isinstance(exc, (Rejected, *self.fails_on))
+
+
+class Workflow:
+    """A named, ordered plan of steps; `@workflow.step(policy=...)` adds one."""
+
+    def __init__(self, name: str) -> None:
+        if not name or not isinstance(name, str):
+            raise DeclarationError("a workflow needs a non-empty name")
+        self.name = name
+        self.steps: list[Step] = []
+        self._by_name: dict[str, Step] = {}
+        _registry[name] = self
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name}: {' -> '.join(self.plan)}>"
+
+    def __iter__(self) -> Iterator[Step]:
+        return iter(self.steps)
+
+    def step(
+        self,
+        *,
+        policy: str | Policy,
+        lookup: LookupFn | None = None,
+        lookup_lag: timedelta = timedelta(0),
+        timeout: timedelta | None = None,
+        max_attempts: int = 3,
+        fails_on: tuple[type[BaseException], ...] | type[BaseException] = (),
+        intent: bool = True,
+    ) -> Callable[[StepFn], StepFn]:
+        """Declare the decorated function as the next step; `policy` is required, there is no default."""
+        try:
+            chosen = Policy(policy)
+        except ValueError:
+            raise DeclarationError(
+                f"{self.name}: policy must be one of {', '.join(p.value for p in Policy)}, not {policy!r}"
+            ) from None
+        if chosen is Policy.RESOLVABLE and lookup is None:
+            raise DeclarationError(f"{self.name}: a resolvable step needs lookup=, a function of ctx")
+        if not intent and chosen is not Policy.RE_EXECUTABLE:
+            raise DeclarationError(f"{self.name}: only a re_executable step may skip its intent commit")
+        if max_attempts < 1:
+            raise DeclarationError(f"{self.name}: max_attempts must be at least 1")
+        rejections = fails_on if isinstance(fails_on, tuple) else (fails_on,)
+
+        def register(fn: StepFn) -> StepFn:
+            name = fn.__name__
+            if name in self._by_name:
+                raise DeclarationError(f"{self.name}: step {name!r} is declared twice")
+            step = Step(
+                name=name,
+                fn=fn,
+                policy=chosen,
+                lookup=lookup,
+                lookup_lag=lookup_lag,
+                timeout=timeout,
+                max_attempts=max_attempts,
+                fails_on=rejections,
+                intent=intent,
+            )
+            self.steps.append(step)
+            self._by_name[name] = step
+            return fn
+
+        return register
+
+    @property
+    def plan(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.steps)
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash the ordered step names and policies: what a run's record must still match to resume."""
+        shape = [[s.name, s.policy.value] for s in self.steps]
+        return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return ", ".join(f"{s.name} ({s.policy.value})" for s in self.steps)
+
+    def __getitem__(self, name: str) -> Step:
+        return self._by_name[name]
+
+
+def get_workflow(name: str) -> Workflow:
+    """Return the registered workflow of that name."""
+    try:
+        return _registry[name]
+    except KeyError:
+        known = ", ".join(sorted(_registry)) or "none"
+        raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {known})", workflow=name) from None
+
+
+def workflows() -> dict[str, Workflow]:
+    """Return every registered workflow by name."""
+    return dict(_registry)
+
+
+def effect_key(run_id: str, step: str) -> str:
+    """Name the effect of one step of one run: stable across attempts and resumes."""
+    return f"{run_id}:{step}"

@@ -1,0 +1,283 @@
+"""Use cases for the edges (commands, admin, API): each is one call that parses nothing and renders nothing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError
+from django.utils import timezone
+
+from durableruns import conf, store
+from durableruns.boundary import Boundary, compute_boundary
+from durableruns.engine import Engine, RunOutcome, load_attempts
+from durableruns.errors import (
+    EscalationNotFound,
+    InvalidDecision,
+    InvalidInput,
+    RunNotActionable,
+    RunNotFound,
+    UnknownWorkflow,
+)
+from durableruns.models import Escalation, Intervention, RunState, RunStatus
+from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
+from durableruns.registry import get_workflow
+
+Clock = Callable[[], datetime]
+
+
+def default_owner() -> str:
+    """Name this worker process: host and pid, so an operator can find it."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, now: datetime | None = None) -> str:
+    """Record a pending run of a registered workflow and return its run_id; a worker executes it."""
+    workflow = get_workflow(workflow_name)
+    if not isinstance(input, dict):
+        raise InvalidInput(f"the input must be a JSON object, not {type(input).__name__}")
+    try:
+        store.ensure_json(input, what="the input")
+    except Exception as exc:  # ResultNotJSON names the value; say it is the input
+        raise InvalidInput(str(exc)) from None
+    if run_id is not None and (not isinstance(run_id, str) or not run_id.strip() or len(run_id) > 200):
+        raise InvalidInput("run_id must be a non-empty string of at most 200 characters")
+    run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
+    store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=workflow.fingerprint, input=input,
+                     now=now or timezone.now())
+    return run_id
+
+
+def plan_of(run: RunState) -> tuple[str, ...] | None:
+    """The run's plan from its registered workflow, or None if this deploy does not know the workflow."""
+    try:
+        return get_workflow(run.workflow).plan
+    except UnknownWorkflow:
+        return None
+
+
+def boundary_of(run: RunState, attempts: list | None = None) -> Boundary:
+    """The run's boundary with its status; for an unknown workflow, the steps in the order they were attempted."""
+    attempts = load_attempts(run.run_id) if attempts is None else attempts
+    plan = plan_of(run)
+    if plan is None:
+        plan = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
+    return replace(compute_boundary(plan, attempts), status=run.status)
+
+
+def get_run(run_id: str) -> RunState:
+    try:
+        return RunState.objects.get(pk=run_id)
+    except RunState.DoesNotExist:
+        raise RunNotFound(run_id=run_id) from None
+
+
+def run_boundary(run_id: str) -> Boundary:
+    """Return the recovery boundary of a run, as a resume would compute it."""
+    return boundary_of(get_run(run_id))
+
+
+# -- resuming -------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class PassReport:
+    """What one resume pass did: an outcome per run handled, and what crashed."""
+
+    outcomes: list[RunOutcome] = field(default_factory=list)
+    crashed: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def steps_run(self) -> int:
+        return sum(o.steps_run for o in self.outcomes)
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for o in self.outcomes:
+            counts[o.status] = counts.get(o.status, 0) + 1
+        return counts
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts().items())) or "nothing due"
+        crashed = f", {len(self.crashed)} raised" if self.crashed else ""
+        return (f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
+                f"{self.steps_run} step(s) run")
+
+
+def resume_due(
+    *,
+    limit: int = 100,
+    owner: str | None = None,
+    lease_seconds: float | None = None,
+    run_id: str | None = None,
+    max_seconds: float | None = None,
+    clock: Clock = timezone.now,
+    on_outcome: Callable[[RunOutcome], None] | None = None,
+) -> PassReport:
+    """Claim due runs one at a time and work each; safe to run from any number of hosts at once.
+
+    A database error stops the pass (raised to the caller): nothing is half recorded, since every fact is its
+    own transaction, and the next pass picks up from the record.
+    """
+    owner = owner or default_owner()
+    lease_seconds = conf.lease_seconds() if lease_seconds is None else lease_seconds
+    engine = Engine(clock=clock)
+    report = PassReport()
+    began = time.monotonic()
+    while len(report.outcomes) + len(report.crashed) < limit:
+        if max_seconds is not None and time.monotonic() - began >= max_seconds:
+            break
+        claimed = store.claim(owner=owner, lease_seconds=lease_seconds, now=clock(), run_id=run_id)
+        if claimed is None:
+            break
+        try:
+            outcome = engine.work(claimed)
+        except DatabaseError:
+            raise
+        except Exception as exc:  # a bug, not a step's failure: report it, keep the others going
+            report.crashed.append((claimed.lease.run_id, f"{type(exc).__name__}: {exc}"))
+            continue
+        report.outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+        if run_id is not None:
+            break
+    report.seconds = time.monotonic() - began
+    return report
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preview:
+    run_id: str
+    boundary: Boundary
+    would: str
+
+
+def preview_due(*, limit: int = 100, run_id: str | None = None, clock: Clock = timezone.now) -> list[Preview]:
+    """Say what a pass would do with each due run, changing nothing (no claim, no lookup, no step)."""
+    now = clock()
+    runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else RunState.objects.due(now).order_by(
+        "created_at")
+    previews = []
+    for run in runs[:limit]:
+        b = boundary_of(run)
+        previews.append(Preview(run_id=run.run_id, boundary=b, would=_would(run, b)))
+    return previews
+
+
+def _would(run: RunState, b: Boundary) -> str:
+    try:
+        workflow = get_workflow(run.workflow)
+    except UnknownWorkflow:
+        return f"fail it: workflow {run.workflow!r} is not registered"
+    if workflow.fingerprint != run.plan_fingerprint:
+        return "stop it: its plan changed between deploys"
+    if not b.remainder:
+        return "mark it completed"
+    step = workflow[b.remainder[0]]
+    latest = b.latest.get(step.name)
+    if latest is None:
+        return f"run {step.name} (attempt 1)"
+    if latest.status == "failed":
+        return f"retry {step.name} (attempt {latest.attempt + 1} of {step.max_attempts})"
+    escalation = Escalation.objects.for_attempt(run.run_id, step.name, latest.attempt).select_related(
+        "decision").first()
+    decision = getattr(escalation, "decision", None) if escalation else None
+    verdict = settle_in_doubt(step.policy, attempt=latest, escalation_open=bool(escalation and not decision),
+                              staff_outcome=Outcome(decision.action) if decision else None)
+    if verdict.action is Action.LOOK_UP:
+        return f"look up {step.name} by key {latest.effect_key}, then settle it (in doubt, resolvable)"
+    if verdict.action is Action.RUN:
+        return f"run {step.name} again (attempt {latest.attempt + 1}): {verdict.reason}"
+    return f"{verdict.action.value}: {verdict.reason}"
+
+
+# -- decisions and staff actions -----------------------------------------------------------------------
+
+
+def _who(by: Any) -> tuple[str, int | None]:
+    if hasattr(by, "get_username"):
+        return by.get_username(), by.pk
+    if isinstance(by, str) and by.strip():
+        return by.strip(), None
+    raise InvalidDecision("`by` must be a user or a non-empty name")
+
+
+def _required_note(note: Any) -> str:
+    if not isinstance(note, str) or not note.strip():
+        raise InvalidDecision("a note saying why is required")
+    return note.strip()
+
+
+def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, result: Any = None,
+                       now: datetime | None = None) -> Intervention:
+    """Decide an escalation once, recording who, when and why; the next resume_runs acts on it."""
+    try:
+        chosen = Outcome(outcome)
+    except ValueError:
+        raise InvalidDecision(f"outcome must be happened, did_not_happen or abandon, not {outcome!r}") from None
+    decided_by, user_id = _who(by)
+    note = _required_note(note)
+    if chosen is not Outcome.HAPPENED and result is not None:
+        raise InvalidDecision("a result goes only with 'happened'")
+    store.ensure_json(result, what="the decision's result")
+    escalation = Escalation.objects.select_related("run").filter(pk=escalation_id).first()
+    if escalation is None:
+        raise EscalationNotFound(escalation_id=escalation_id)
+    cursor = None
+    if chosen is Outcome.HAPPENED:
+        plan = plan_of(escalation.run)
+        cursor = plan.index(escalation.step) + 1 if plan and escalation.step in plan else escalation.run.cursor + 1
+    return store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
+                                 note=note, result=result, cursor=cursor, now=now or timezone.now())
+
+
+def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: Any = None) -> Intervention:
+    """Decide the latest escalation of `step` in `run_id`."""
+    escalation = Escalation.objects.filter(run_id=run_id, step=step).order_by("-attempt").first()
+    if escalation is None:
+        get_run(run_id)
+        raise EscalationNotFound(run_id=run_id, step=step)
+    return resolve_escalation(escalation.pk, outcome, by=by, note=note, result=result)
+
+
+def cancel_run(run_id: str, *, by: Any, note: str) -> Intervention:
+    """Stop a run for good; a worker holding it is fenced out by the epoch bump."""
+    decided_by, user_id = _who(by)
+    return store.record_staff_action(
+        run_id, action=Intervention.Action.CANCEL,
+        allowed_from=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION,
+                      RunStatus.FAILED),
+        new_status=RunStatus.CANCELLED, decided_by=decided_by, user_id=user_id, note=_required_note(note),
+        now=timezone.now(),
+    )
+
+
+def retry_run(run_id: str, *, by: Any, note: str) -> Intervention:
+    """Give a failed run's failed step a fresh set of attempts; the next resume_runs makes a new attempt."""
+    decided_by, user_id = _who(by)
+    run = get_run(run_id)
+    if run.status != RunStatus.FAILED:
+        raise RunNotActionable(f"only a failed run can be retried; this one is {run.status}", run_id=run_id)
+    b = boundary_of(run)
+    step = b.failed[0] if b.failed else ""
+    attempt = b.latest[step].attempt if step else None
+    return store.record_staff_action(
+        run_id, action=Intervention.Action.RETRY, allowed_from=(RunStatus.FAILED,), new_status=RunStatus.PENDING,
+        decided_by=decided_by, user_id=user_id, note=_required_note(note), step=step, attempt=attempt,
+        now=timezone.now(),
+    )
+
+
+def step_policy(run: RunState, step: str) -> Policy | None:
+    try:
+        return get_workflow(run.workflow)[step].policy
+    except (UnknownWorkflow, KeyError):
+        return None

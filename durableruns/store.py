@@ -1,0 +1,349 @@
+"""The only module that writes the record. One durable transaction per fact, each fenced on the run's epoch.
+
+A worker's writes are conditional updates `WHERE run_id = ... AND epoch = <its epoch>`, issued first in each
+transaction: on PostgreSQL the update takes the row lock, so a concurrent claim either committed before (zero
+rows: FencedOut, nothing written) or waits until this fact is committed. A step's row moves forward once,
+started -> completed or failed, by a conditional update on its status.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from durableruns.errors import (
+    AlreadyDecided,
+    DuplicateRun,
+    FencedOut,
+    ResultNotJSON,
+    RunNotActionable,
+    RunNotFound,
+)
+from durableruns.models import (
+    Escalation,
+    Intervention,
+    Resolution,
+    RunState,
+    RunStatus,
+    RunStep,
+    StepStatus,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """A worker's claim on a run; `epoch` fences every write it makes."""
+
+    run_id: str
+    owner: str
+    epoch: int
+    seconds: float
+
+    def expiry(self, now: datetime) -> datetime:
+        return now + timedelta(seconds=self.seconds)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claimed:
+    """What a claim hands the engine: the lease and the run's immutable facts."""
+
+    lease: Lease
+    workflow: str
+    plan_fingerprint: str
+    input: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Intent:
+    """A step about to act: the started row to commit before it does."""
+
+    step: str
+    attempt: int
+    effect_key: str
+    cursor: int
+    loop_cursor: int = 0
+    progress: dict[str, Any] | None = None
+
+
+def ensure_json(value: Any, *, what: str) -> Any:
+    """Return `value` if it round-trips through JSON, else raise ResultNotJSON naming what it was."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ResultNotJSON(f"{what} is not JSON ({type(value).__name__}): {exc}") from None
+    return value
+
+
+def _fence(lease: Lease, now: datetime, **fields: Any) -> None:
+    moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
+        updated_at=now, lease_expires_at=lease.expiry(now), **fields
+    )
+    if not moved:
+        raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+
+
+def _insert_intent(lease: Lease, intent: Intent, now: datetime) -> None:
+    RunStep.objects.create(
+        run_id=lease.run_id,
+        step=intent.step,
+        attempt=intent.attempt,
+        status=StepStatus.STARTED,
+        effect_key=intent.effect_key,
+        started_at=now,
+        owner=lease.owner,
+        epoch=lease.epoch,
+        loop_cursor=intent.loop_cursor,
+        progress=intent.progress or {},
+    )
+
+
+def _finish(lease: Lease, step: str, attempt: int, **fields: Any) -> None:
+    moved = RunStep.objects.filter(
+        run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED
+    ).update(**fields)
+    if not moved:
+        raise FencedOut(
+            f"attempt {attempt} of {step} is no longer started", run_id=lease.run_id, epoch=lease.epoch
+        )
+
+
+def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any], now: datetime) -> None:
+    """Record a pending run; a worker picks it up."""
+    try:
+        with transaction.atomic(durable=True):
+            RunState.objects.create(
+                run_id=run_id,
+                workflow=workflow,
+                plan_fingerprint=plan_fingerprint,
+                input=input,
+                status=RunStatus.PENDING,
+                created_at=now,
+                updated_at=now,
+            )
+    except IntegrityError:
+        raise DuplicateRun(run_id=run_id) from None
+
+
+def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None = None) -> Claimed | None:
+    """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch."""
+    with transaction.atomic(durable=True):
+        if run_id is None:
+            candidates = RunState.objects.claimable(now)
+        else:
+            candidates = RunState.objects.filter(pk=run_id).takeable(now).select_for_update(skip_locked=True)
+        row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input").first()
+        if row is None:
+            return None
+        # Conditional on the epoch read: on a database without row locks (SQLite) this is what keeps two
+        # workers from both taking the run.
+        taken = RunState.objects.filter(pk=row["run_id"], epoch=row["epoch"]).update(
+            status=RunStatus.RUNNING,
+            owner=owner,
+            epoch=F("epoch") + 1,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            wake_at=None,
+            updated_at=now,
+        )
+        if not taken:
+            return None
+    return Claimed(
+        lease=Lease(run_id=row["run_id"], owner=owner, epoch=row["epoch"] + 1, seconds=lease_seconds),
+        workflow=row["workflow"],
+        plan_fingerprint=row["plan_fingerprint"],
+        input=row["input"] or {},
+    )
+
+
+def renew(lease: Lease, *, now: datetime) -> None:
+    """Extend the lease; FencedOut if another worker took the run."""
+    with transaction.atomic(durable=True):
+        _fence(lease, now)
+
+
+def record_intent(lease: Lease, intent: Intent, *, now: datetime) -> None:
+    """Commit 1: the step is about to act under its effect key, and the run is at this step."""
+    with transaction.atomic(durable=True):
+        _fence(lease, now, cursor=intent.cursor)
+        _insert_intent(lease, intent, now)
+
+
+def record_result(
+    lease: Lease,
+    *,
+    step: str,
+    attempt: int,
+    result: Any,
+    cursor: int,
+    now: datetime,
+    resolution: str = Resolution.RETURNED,
+    intent_recorded: bool = True,
+    effect_key: str = "",
+    next_intent: Intent | None = None,
+) -> None:
+    """Commit 2: the step's result and the moved cursor, and (if given) the next step's intent in the same commit.
+
+    Sharing the commit is safe: the next step has not acted yet, and its intent is still durable before it does.
+    """
+    ensure_json(result, what=f"the result of {step}")
+    with transaction.atomic(durable=True):
+        _fence(lease, now, cursor=next_intent.cursor if next_intent else cursor)
+        if intent_recorded:
+            _finish(lease, step, attempt, status=StepStatus.COMPLETED, result=result, finished_at=now,
+                    resolution=resolution)
+        else:
+            RunStep.objects.create(
+                run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.COMPLETED,
+                effect_key=effect_key, started_at=now, finished_at=now, result=result,
+                resolution=resolution, owner=lease.owner, epoch=lease.epoch,
+            )
+        if next_intent is not None:
+            _insert_intent(lease, next_intent, now)
+
+
+def record_failure(lease: Lease, *, step: str, attempt: int, error: str, now: datetime,
+                   intent_recorded: bool = True, effect_key: str = "") -> None:
+    """The far system rejected the call (observed): the attempt is failed, never rewritten."""
+    with transaction.atomic(durable=True):
+        _fence(lease, now)
+        if intent_recorded:
+            _finish(lease, step, attempt, status=StepStatus.FAILED, error=error, finished_at=now)
+        else:
+            RunStep.objects.create(
+                run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.FAILED,
+                effect_key=effect_key, started_at=now, finished_at=now, error=error,
+                owner=lease.owner, epoch=lease.epoch,
+            )
+
+
+def checkpoint(lease: Lease, *, step: str, attempt: int, loop_cursor: int, progress: dict[str, Any],
+               now: datetime) -> None:
+    """Commit a loop's position and progress inside the started attempt."""
+    ensure_json(progress, what=f"the progress of {step}")
+    with transaction.atomic(durable=True):
+        _fence(lease, now)
+        moved = RunStep.objects.filter(
+            run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED
+        ).update(loop_cursor=loop_cursor, progress=progress)
+        if not moved:
+            raise FencedOut(f"attempt {attempt} of {step} is no longer started", run_id=lease.run_id,
+                            epoch=lease.epoch)
+
+
+def release(lease: Lease, *, status: str, now: datetime, wake_at: datetime | None = None, reason: str = "") -> None:
+    """Hand the run back: waiting until `wake_at`, or stopped (completed, failed, cancelled, needs_decision)."""
+    with transaction.atomic(durable=True):
+        moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
+            status=status, wake_at=wake_at, reason=reason, lease_expires_at=None, updated_at=now
+        )
+        if not moved:
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+
+
+def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime,
+                    reason: str, now: datetime) -> None:
+    """Stop the run for a person: the escalation and the run's needs_decision status in one commit."""
+    with transaction.atomic(durable=True):
+        moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
+            status=RunStatus.NEEDS_DECISION, reason=reason, wake_at=None, lease_expires_at=None, updated_at=now
+        )
+        if not moved:
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        Escalation.objects.get_or_create(
+            run_id=lease.run_id,
+            step=step,
+            attempt=attempt,
+            defaults={"effect_key": effect_key, "in_doubt_since": in_doubt_since, "opened_at": now,
+                      "reason": reason},
+        )
+
+
+def record_decision(
+    escalation_id: int,
+    *,
+    action: str,
+    decided_by: str,
+    user_id: int | None,
+    note: str,
+    result: Any,
+    cursor: int | None,
+    now: datetime,
+) -> Intervention:
+    """Apply a staff decision once: the decision row, its effect on the attempt, and a resumable run, in one commit.
+
+    The one-to-one between decision and escalation is what makes a second, concurrent decision fail.
+    """
+    try:
+        with transaction.atomic(durable=True):
+            escalation = Escalation.objects.select_for_update().get(pk=escalation_id)
+            status = RunState.objects.filter(pk=escalation.run_id).values_list("status", flat=True).get()
+            if status != RunStatus.NEEDS_DECISION and not Intervention.objects.filter(
+                escalation_id=escalation_id
+            ).exists():
+                raise RunNotActionable(
+                    f"the run is {status}, not waiting for a decision", run_id=escalation.run_id, status=status
+                )
+            decision = Intervention.objects.create(
+                run_id=escalation.run_id, escalation=escalation, step=escalation.step,
+                attempt=escalation.attempt, action=action, decided_by=decided_by, user_id=user_id,
+                decided_at=now, note=note, result=result,
+            )
+            run_fields: dict[str, Any] = {"updated_at": now, "wake_at": None, "epoch": F("epoch") + 1}
+            if action == Intervention.Action.HAPPENED:
+                RunStep.objects.filter(
+                    run_id=escalation.run_id, step=escalation.step, attempt=escalation.attempt,
+                    status=StepStatus.STARTED,
+                ).update(status=StepStatus.COMPLETED, result=result, finished_at=now,
+                         resolution=Resolution.DECISION)
+                run_fields.update(status=RunStatus.PENDING, cursor=cursor, reason=f"{decided_by}: it happened")
+            elif action == Intervention.Action.DID_NOT_HAPPEN:
+                run_fields.update(status=RunStatus.PENDING, reason=f"{decided_by}: it did not happen, run again")
+            else:
+                run_fields.update(status=RunStatus.CANCELLED, reason=f"abandoned by {decided_by}: {note}")
+            RunState.objects.filter(pk=escalation.run_id).update(**run_fields)
+            return decision
+    except IntegrityError:
+        first = Intervention.objects.select_related(None).get(escalation_id=escalation_id)
+        raise AlreadyDecided(
+            f"already decided by {first.decided_by} at {first.decided_at:%Y-%m-%d %H:%M:%S}: "
+            f"{first.get_action_display()}",
+            escalation_id=escalation_id,
+            decided_by=first.decided_by,
+            decided_at=first.decided_at,
+        ) from None
+
+
+def record_staff_action(
+    run_id: str,
+    *,
+    action: str,
+    allowed_from: tuple[str, ...],
+    new_status: str,
+    decided_by: str,
+    user_id: int | None,
+    note: str,
+    step: str = "",
+    attempt: int | None = None,
+    now: datetime,
+) -> Intervention:
+    """Cancel or retry a run: the staff act and the status change in one commit; the epoch bump fences its worker."""
+    with transaction.atomic(durable=True):
+        run = RunState.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise RunNotFound(run_id=run_id)
+        if run.status not in allowed_from:
+            raise RunNotActionable(
+                f"cannot {action} a run that is {run.status}", run_id=run_id, status=run.status
+            )
+        RunState.objects.filter(pk=run_id).update(
+            status=new_status, epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None, updated_at=now,
+            reason=f"{action} by {decided_by}: {note}",
+        )
+        return Intervention.objects.create(
+            run_id=run_id, step=step, attempt=attempt, action=action, decided_by=decided_by,
+            user_id=user_id, decided_at=now, note=note,
+        )

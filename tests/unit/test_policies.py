@@ -1,0 +1,95 @@
+"""In-doubt policies as a pure table: unknown is never failed, absence is trusted only after the lag."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from durableruns.boundary import StepAttempt
+from durableruns.policies import (
+    Action,
+    Next,
+    Outcome,
+    Policy,
+    after_failure,
+    after_lookup,
+    after_lookup_error,
+    cap_attempts,
+    settle_in_doubt,
+)
+
+T0 = datetime(2026, 8, 8, 14, 7, 12, tzinfo=timezone.utc)
+DOUBT = StepAttempt(step="charge", attempt=1, status="started", effect_key="run-1:charge", started_at=T0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "escalation_open", "staff", "action"),
+    [
+        (Policy.RE_EXECUTABLE, False, None, Action.RUN),
+        (Policy.RESOLVABLE, False, None, Action.LOOK_UP),
+        (Policy.ESCALATE, False, None, Action.ESCALATE),
+        (Policy.ESCALATE, True, None, Action.HOLD),
+        (Policy.ESCALATE, False, Outcome.DID_NOT_HAPPEN, Action.RUN),
+        (Policy.ESCALATE, False, Outcome.HAPPENED, Action.COMPLETE),
+        (Policy.ESCALATE, False, Outcome.ABANDON, Action.CANCEL),
+    ],
+)
+def test_first_move_by_policy(policy, escalation_open, staff, action):
+    assert settle_in_doubt(policy, attempt=DOUBT, escalation_open=escalation_open, staff_outcome=staff).action is action
+
+
+LAG = timedelta(seconds=60)
+TIMEOUT = timedelta(seconds=30)
+
+
+@pytest.mark.parametrize(
+    ("found", "elapsed", "action"),
+    [
+        ({"charge_id": "ch_1"}, 1, Action.COMPLETE),  # found: done, whatever the time
+        (None, 1, Action.WAIT),  # not found 1 s after: might be the replica's lag
+        (None, 89, Action.WAIT),  # one second before timeout + lag
+        (None, 90, Action.RUN),  # exactly timeout + lag: absence is provable
+        (None, 600, Action.RUN),
+    ],
+)
+def test_lookup_is_trusted_only_after_timeout_and_lag(found, elapsed, action):
+    verdict = after_lookup(found, attempt=DOUBT, now=T0 + timedelta(seconds=elapsed), timeout=TIMEOUT, lookup_lag=LAG)
+    assert verdict.action is action
+    if action is Action.WAIT:
+        assert verdict.until == T0 + TIMEOUT + LAG
+    if action is Action.COMPLETE:
+        assert verdict.result == found
+
+
+def test_a_lookup_that_raised_is_asked_again_never_taken_as_absence():
+    verdict = after_lookup_error("TimeoutError", now=T0, retry_in=timedelta(seconds=5))
+    assert verdict.action is Action.WAIT and verdict.until == T0 + timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("made", "expected", "delay"),
+    [(1, Action.WAIT, 1), (2, Action.WAIT, 2), (3, Action.WAIT, 4), (4, Action.FAIL, None)],
+)
+def test_failures_back_off_then_fail(made, expected, delay):
+    verdict = after_failure(attempts_made=made, max_attempts=4, now=T0, backoff=timedelta(seconds=1),
+                            backoff_max=timedelta(seconds=300))
+    assert verdict.action is expected
+    if delay is not None:
+        assert verdict.until == T0 + timedelta(seconds=delay)
+
+
+def test_backoff_is_capped_and_zero_backoff_runs_at_once():
+    capped = after_failure(attempts_made=20, max_attempts=30, now=T0, backoff=timedelta(seconds=1),
+                           backoff_max=timedelta(seconds=300))
+    assert capped.until == T0 + timedelta(seconds=300)
+    assert after_failure(attempts_made=1, max_attempts=3, now=T0, backoff=timedelta(0),
+                         backoff_max=timedelta(0)).action is Action.RUN
+
+
+def test_cap_turns_only_runs_into_failures():
+    run = Next(action=Action.RUN)
+    assert cap_attempts(run, attempts_made=3, max_attempts=3).action is Action.FAIL
+    assert cap_attempts(run, attempts_made=2, max_attempts=3).action is Action.RUN
+    wait = Next(action=Action.WAIT, until=T0)
+    assert cap_attempts(wait, attempts_made=9, max_attempts=3) is wait
