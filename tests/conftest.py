@@ -1,0 +1,98 @@
+"""Fixtures shared by the suite: far-system ledgers in a temporary folder, and worker subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+import tests.workflows  # noqa: F401  (registers the test workflows in this process)
+from project.purchasing.far import FarSystems, systems
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `postgres` need row locks and real concurrency: on SQLite they are reported, not run."""
+    from django.conf import settings
+
+    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        return
+    reason = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
+    for item in items:
+        if "postgres" in item.keywords:
+            item.add_marker(reason)
+
+
+@pytest.fixture
+def far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FarSystems:
+    """The far systems, with ledgers in this test's own folder (worker subprocesses inherit FAR_DIR)."""
+    monkeypatch.setenv("FAR_DIR", str(tmp_path / "far"))
+    return systems()
+
+
+def database_url() -> str:
+    """The test database as a DATABASE_URL, so worker subprocesses write where the test reads."""
+    s = connection.settings_dict
+    if connection.vendor == "postgresql":
+        return f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    return f"sqlite:///{s['NAME']}"
+
+
+class Workers:
+    """Start `manage.py resume_runs` in real processes; kill them however a test needs."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(DATABASE_URL=database_url(), DURABLERUNS_WORKFLOW_MODULES="tests.workflows",
+                   DJANGO_SETTINGS_MODULE="project.settings", PYTHONUNBUFFERED="1")
+        env.update(extra)
+        return env
+
+    def start(self, *args: str, **extra: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "resume_runs", "--skip-checks", *args],
+            cwd=ROOT, env=self.env(**extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def run(self, *args: str, timeout: float = 60, **extra: str) -> subprocess.CompletedProcess[str]:
+        """Run one worker to its end and return what it printed."""
+        proc = self.start(*args, **extra)
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture
+def workers() -> Iterator[Workers]:
+    pool = Workers()
+    yield pool
+    pool.stop_all()
+
+
+def wait_until(predicate, *, timeout: float = 20.0, every: float = 0.05, what: str = "condition") -> None:
+    """Poll `predicate` until true; fail the test with `what` after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
