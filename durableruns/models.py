@@ -59,6 +59,11 @@ class RunState(models.Model):
         db_table = "run_state"
         verbose_name = "run"
         ordering = ["-created_at"]
+        permissions = [
+            ("start_run", "Can start runs"),
+            ("cancel_run", "Can cancel runs"),
+            ("retry_run", "Can retry failed runs"),
+        ]
         indexes = [
             # Only runs a worker may still take are indexed, so claiming stays flat however many runs finished.
             models.Index(

@@ -1,0 +1,110 @@
+"""The purchase order of the design source, declared for durableruns.
+
+Each policy is a claim about a far system: the portal, the payment provider and the carrier can be asked
+about an effect by our own key (resolvable); the credit vendor can too, but its lookup lags a minute, so
+"not found" is trusted only after that; the email sender has no key and no lookup, so a person decides.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+from durableruns import Rejected, Workflow, testing
+from project.purchasing import pricing
+from project.purchasing.far import FarRejected, config_from_env, systems
+
+_config = config_from_env()
+CALL_TIMEOUT = timedelta(seconds=float(os.environ.get("PURCHASING_CALL_TIMEOUT", 30)))
+QUOTE_ITEM_SECONDS = float(os.environ.get("PURCHASING_QUOTE_ITEM_SECONDS", 0))
+
+purchase_order = Workflow("purchase_order")
+
+
+@purchase_order.step(policy="re_executable")
+def parse_request(ctx: Any) -> dict[str, Any]:
+    """Validate the request and expand its lines. Reads nothing outside the run."""
+    return pricing.parse(dict(ctx.input))
+
+
+@purchase_order.step(policy="re_executable")
+def quote(ctx: Any) -> dict[str, Any]:
+    """Price every line; the loop is checkpointed every 25 lines, so a crash redoes at most 25."""
+    prices = ctx.progress.setdefault("prices", [])
+    for line in ctx.loop(ctx.results["parse_request"]["lines"], every=25):
+        prices.append(pricing.price_of(line))
+        if QUOTE_ITEM_SECONDS:
+            time.sleep(QUOTE_ITEM_SECONDS)  # a supplier price lookup
+    return {"total": sum(prices), "lines": len(prices)}
+
+
+def find_credit_check(ctx: Any) -> dict[str, Any] | None:
+    return systems().credit.lookup(ctx.effect_key)
+
+
+@purchase_order.step(policy="resolvable", lookup=find_credit_check,
+                     lookup_lag=timedelta(seconds=_config.credit.lookup_lag), timeout=CALL_TIMEOUT,
+                     fails_on=FarRejected)
+def credit_check(ctx: Any) -> dict[str, Any]:
+    """Ask the credit vendor under our request id (the effect key); its lookup by that id lags."""
+    order = ctx.results["parse_request"]
+    result = systems().credit.check(request_id=ctx.effect_key, buyer=order["buyer"],
+                                    amount=ctx.results["quote"]["total"])
+    testing.reached("after_effect", "credit_check")
+    if not result["approved"]:
+        raise Rejected(f"credit refused for {order['buyer']}: limit {result['limit']}")
+    return result
+
+
+def find_charge(ctx: Any) -> dict[str, Any] | None:
+    return systems().payments.lookup(ctx.effect_key)
+
+
+@purchase_order.step(policy="resolvable", lookup=find_charge, timeout=CALL_TIMEOUT, fails_on=FarRejected)
+def charge(ctx: Any) -> dict[str, Any]:
+    """Charge the buyer under an idempotency key; the provider can be asked for the charge by that key."""
+    result = systems().payments.charge(amount=ctx.results["quote"]["total"], currency="EUR",
+                                       idempotency_key=ctx.effect_key)
+    testing.reached("after_effect", "charge")
+    return result
+
+
+def find_order(ctx: Any) -> dict[str, Any] | None:
+    return systems().portal.get_by_key(ctx.effect_key)
+
+
+@purchase_order.step(policy="resolvable", lookup=find_order, timeout=CALL_TIMEOUT, fails_on=FarRejected)
+def place_order(ctx: Any) -> dict[str, Any]:
+    """Submit the order to the supplier portal under our key. Never ask its lagging search whether it exists."""
+    order = ctx.results["parse_request"]
+    result = systems().portal.submit_order(key=ctx.effect_key, reference=order["reference"],
+                                           lines=order["lines"])
+    testing.reached("after_effect", "place_order")
+    return result
+
+
+def find_shipment(ctx: Any) -> dict[str, Any] | None:
+    return systems().carrier.lookup(ctx.effect_key)
+
+
+@purchase_order.step(policy="resolvable", lookup=find_shipment, timeout=CALL_TIMEOUT, fails_on=FarRejected)
+def book_shipment(ctx: Any) -> dict[str, Any]:
+    """Book the shipment with the carrier under our key; the carrier looks bookings up by that key."""
+    order = ctx.results["parse_request"]
+    result = systems().carrier.book(key=ctx.effect_key, address=order["address"], parcels=1)
+    testing.reached("after_effect", "book_shipment")
+    return result
+
+
+@purchase_order.step(policy="escalate", fails_on=FarRejected)
+def notify_buyer(ctx: Any) -> dict[str, Any]:
+    """Email the buyer that the order shipped. The email sender keeps no key and has no lookup: check the
+    sender's outbox for a message to the buyer whose subject names this order's reference; if it is
+    there, it happened; if not, run it again."""
+    order = ctx.results["parse_request"]
+    result = systems().email.send(to=order["email"], subject=f"{order['reference']} has shipped",
+                                  body=f"Shipment {ctx.results['book_shipment']['shipment_id']} is on its way.")
+    testing.reached("after_effect", "notify_buyer")
+    return result
