@@ -57,9 +57,13 @@ def ensure_autocommit() -> None:
         raise EffectInTransaction()
 
 
+_ATTEMPT_FIELDS = ("step", "attempt", "status", "effect_key", "started_at", "finished_at", "loop_cursor",
+                   "progress", "result", "error")
+
+
 def load_attempts(run_id: str) -> list[StepAttempt]:
-    """Every attempt of the run, in one query."""
-    return [row.to_attempt() for row in RunStep.objects.of_run(run_id)]
+    """Every attempt of the run, in one query (plain values: this runs once per claim)."""
+    return [StepAttempt(**row) for row in RunStep.objects.of_run(run_id).values(*_ATTEMPT_FIELDS)]
 
 
 class Heartbeat:
@@ -104,8 +108,18 @@ class _Pass:
     boundary: Boundary
     results: dict[str, Any] = field(default_factory=dict)
     steps_run: int = 0
-    # Attempts made of each step since staff last reset its count (a retry), for max_attempts.
-    floors: dict[str, int] = field(default_factory=dict)
+    finished: bool = False  # the last result commit also completed the run
+    # The attempt number from which each step's attempts count again after a staff retry; read on first need.
+    _floors: dict[str, int] | None = None
+
+    def floor(self, step: str) -> int:
+        if self._floors is None:
+            self._floors = {}
+            for name, attempt in Intervention.objects.filter(
+                run_id=self.run_id, action=Intervention.Action.RETRY
+            ).values_list("step", "attempt"):
+                self._floors[name] = max(self._floors.get(name, 0), attempt or 0)
+        return self._floors.get(step, 0)
 
     @property
     def lease(self) -> Lease:
@@ -150,7 +164,6 @@ class Engine:
         boundary = compute_boundary(workflow.plan, attempts)  # once, before any step runs
         state = _Pass(claimed=claimed, workflow=workflow, boundary=boundary)
         state.results = {s: boundary.latest[s].result for s in boundary.done}
-        state.floors = self._attempt_floors(lease.run_id)
         try:
             with Heartbeat(lease, self.clock):
                 return self._drive(state)
@@ -179,7 +192,8 @@ class Engine:
                 if intent is None:  # settled without running (completed by lookup or decision)
                     continue
             pending_intent = self._run_until_settled(state, step, index, intent, recorded, plan)
-        store.release(state.lease, status=RunStatus.COMPLETED, now=self.clock())
+        if not state.finished:
+            store.release(state.lease, status=RunStatus.COMPLETED, now=self.clock())
         return RunOutcome(run_id=state.run_id, status=RunStatus.COMPLETED,
                           detail=f"all {len(plan)} steps complete", steps_run=state.steps_run)
 
@@ -259,9 +273,11 @@ class Engine:
             next_intent = self._next_intent(state, plan, index)
             if next_intent is not None:  # its intent rides on this commit, so "before" it is now
                 testing.reached("before_intent", next_intent.step)
+            last = index + 1 == len(plan)
             store.record_result(lease, step=step.name, attempt=intent.attempt, result=result, cursor=index + 1,
                                 now=self.clock(), intent_recorded=recorded, effect_key=intent.effect_key,
-                                next_intent=next_intent)  # commit 2, the last thing the step does
+                                next_intent=next_intent, finish=last)  # commit 2, the last thing the step does
+            state.finished = last
             state.results[step.name] = result
             state.steps_run += 1
             return next_intent
@@ -358,17 +374,9 @@ class Engine:
         return Outcome(decision.action), False
 
     @staticmethod
-    def _attempt_floors(run_id: str) -> dict[str, int]:
-        floors: dict[str, int] = {}
-        for step, attempt in Intervention.objects.filter(
-            run_id=run_id, action=Intervention.Action.RETRY
-        ).values_list("step", "attempt"):
-            floors[step] = max(floors.get(step, 0), attempt or 0)
-        return floors
-
-    @staticmethod
     def _made(state: _Pass, step: Step, attempt_no: int) -> int:
-        return attempt_no - state.floors.get(step.name, 0)
+        """Attempts made of `step` since staff last gave it a fresh count (a retry), for max_attempts."""
+        return attempt_no - state.floor(step.name)
 
     def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
         store.release(lease, status=status, now=self.clock(), wake_at=wake_at, reason=reason)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
+from durableruns import pgsql
 from durableruns.errors import (
     AlreadyDecided,
     DuplicateRun,
@@ -70,13 +71,27 @@ class Intent:
     progress: dict[str, Any] | None = None
 
 
-def ensure_json(value: Any, *, what: str) -> Any:
-    """Return `value` if it round-trips through JSON, else raise ResultNotJSON naming what it was."""
+def to_json(value: Any, *, what: str) -> str:
+    """Encode `value` as JSON text, or raise ResultNotJSON naming what it was."""
     try:
-        json.dumps(value, allow_nan=False)
+        return json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ResultNotJSON(f"{what} is not JSON ({type(value).__name__}): {exc}") from None
+
+
+def ensure_json(value: Any, *, what: str) -> Any:
+    """Return `value` if it round-trips through JSON, else raise ResultNotJSON naming what it was."""
+    to_json(value, what=what)
     return value
+
+
+def _fast() -> bool:
+    """Use the one-statement PostgreSQL path; a statement outside any transaction is its own commit."""
+    if connection.vendor != "postgresql":
+        return False
+    if connection.in_atomic_block:
+        raise RuntimeError("durableruns records each fact in its own transaction: call it outside atomic()")
+    return True
 
 
 def _fence(lease: Lease, now: datetime, **fields: Any) -> None:
@@ -112,6 +127,11 @@ def _finish(lease: Lease, step: str, attempt: int, **fields: Any) -> None:
         )
 
 
+def _intent_params(intent: Intent) -> dict[str, Any]:
+    return {"i_step": intent.step, "i_attempt": intent.attempt, "i_key": intent.effect_key,
+            "i_loop": intent.loop_cursor, "i_progress": to_json(intent.progress or {}, what="progress")}
+
+
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any], now: datetime) -> None:
     """Record a pending run; a worker picks it up."""
     try:
@@ -131,6 +151,14 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
 
 def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None = None) -> Claimed | None:
     """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch."""
+    if run_id is None and _fast():
+        row = pgsql.claim(owner=owner, now=now, expiry=now + timedelta(seconds=lease_seconds))
+        if row is None:
+            return None
+        taken_id, epoch, workflow, fingerprint, payload = row
+        return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
+                       workflow=workflow, plan_fingerprint=fingerprint,
+                       input=(json.loads(payload) if isinstance(payload, str) else payload) or {})
     with transaction.atomic(durable=True):
         if run_id is None:
             candidates = RunState.objects.claimable(now)
@@ -167,6 +195,11 @@ def renew(lease: Lease, *, now: datetime) -> None:
 
 def record_intent(lease: Lease, intent: Intent, *, now: datetime) -> None:
     """Commit 1: the step is about to act under its effect key, and the run is at this step."""
+    if _fast():
+        if not pgsql.record_intent(run=lease.run_id, epoch=lease.epoch, owner=lease.owner, now=now,
+                                   expiry=lease.expiry(now), cursor=intent.cursor, **_intent_params(intent)):
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        return
     with transaction.atomic(durable=True):
         _fence(lease, now, cursor=intent.cursor)
         _insert_intent(lease, intent, now)
@@ -184,14 +217,33 @@ def record_result(
     intent_recorded: bool = True,
     effect_key: str = "",
     next_intent: Intent | None = None,
+    finish: bool = False,
 ) -> None:
-    """Commit 2: the step's result and the moved cursor, and (if given) the next step's intent in the same commit.
+    """Commit 2: the step's result and the moved cursor, and in the same commit either the next step's intent
+    or, with `finish`, the run's completion.
 
     Sharing the commit is safe: the next step has not acted yet, and its intent is still durable before it does.
     """
-    ensure_json(result, what=f"the result of {step}")
+    encoded = to_json(result, what=f"the result of {step}")
+    if intent_recorded and _fast():
+        recorded = pgsql.record_result(
+            run=lease.run_id, epoch=lease.epoch, owner=lease.owner, now=now, expiry=lease.expiry(now),
+            cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
+            resolution=resolution, finish=finish and next_intent is None,
+            intent=_intent_params(next_intent) if next_intent else None,
+        )
+        if not recorded:
+            raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
+                            run_id=lease.run_id, epoch=lease.epoch)
+        return
     with transaction.atomic(durable=True):
-        _fence(lease, now, cursor=next_intent.cursor if next_intent else cursor)
+        fields: dict[str, Any] = {"updated_at": now, "lease_expires_at": lease.expiry(now),
+                                  "cursor": next_intent.cursor if next_intent else cursor}
+        if finish and next_intent is None:
+            fields.update(status=RunStatus.COMPLETED, lease_expires_at=None, wake_at=None, reason="")
+        moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(**fields)
+        if not moved:
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         if intent_recorded:
             _finish(lease, step, attempt, status=StepStatus.COMPLETED, result=result, finished_at=now,
                     resolution=resolution)
@@ -223,7 +275,13 @@ def record_failure(lease: Lease, *, step: str, attempt: int, error: str, now: da
 def checkpoint(lease: Lease, *, step: str, attempt: int, loop_cursor: int, progress: dict[str, Any],
                now: datetime) -> None:
     """Commit a loop's position and progress inside the started attempt."""
-    ensure_json(progress, what=f"the progress of {step}")
+    encoded = to_json(progress, what=f"the progress of {step}")
+    if _fast():
+        if not pgsql.checkpoint(run=lease.run_id, epoch=lease.epoch, now=now, expiry=lease.expiry(now), step=step,
+                                attempt=attempt, loop=loop_cursor, progress=encoded):
+            raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
+                            run_id=lease.run_id, epoch=lease.epoch)
+        return
     with transaction.atomic(durable=True):
         _fence(lease, now)
         moved = RunStep.objects.filter(

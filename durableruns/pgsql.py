@@ -1,0 +1,123 @@
+"""The hot path on PostgreSQL: each fact the engine records is ONE fenced statement, so one round trip and
+one commit (autocommit makes a single statement its own transaction).
+
+The fence is a data-modifying CTE on run_state conditioned on the worker's epoch (and, for a result, on the
+attempt still being `started`); every other write in the statement reads from it, so a stale worker writes
+nothing at all. PostgreSQL runs every data-modifying CTE to completion whether or not the outer query reads
+it. store.py calls these only when the connection is PostgreSQL and falls back to the ORM otherwise.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+_CLAIM = """
+UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
+       lease_expires_at = %(expiry)s, wake_at = NULL, updated_at = %(now)s
+ WHERE run_id = (
+       SELECT run_id FROM run_state
+        WHERE status IN ('pending', 'running', 'waiting')
+          AND (status = 'pending'
+               OR (status = 'running' AND lease_expires_at < %(now)s)
+               OR (status = 'waiting' AND wake_at <= %(now)s))
+        ORDER BY created_at
+        LIMIT 1
+          FOR UPDATE SKIP LOCKED)
+RETURNING run_id, epoch, workflow, plan_fingerprint, input
+"""
+
+_INTENT_ROW = """
+INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, finished_at, result, error,
+                      resolution, owner, epoch, loop_cursor, progress)
+SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, %(now)s, NULL, NULL, '', '', %(owner)s,
+       %(epoch)s, %(i_loop)s, %(i_progress)s::jsonb
+  FROM fence
+"""
+
+_RECORD_INTENT = """
+WITH fence AS (
+  UPDATE run_state SET cursor = %(cursor)s, updated_at = %(now)s, lease_expires_at = %(expiry)s
+   WHERE run_id = %(run)s AND epoch = %(epoch)s
+  RETURNING run_id)
+""" + _INTENT_ROW
+
+_RESULT_HEAD = """
+WITH fence AS (
+  UPDATE run_state SET cursor = %(cursor)s, updated_at = %(now)s, {state}
+   WHERE run_id = %(run)s AND epoch = %(epoch)s
+     AND EXISTS (SELECT 1 FROM run_step
+                  WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
+  RETURNING run_id),
+done AS (
+  UPDATE run_step SET status = 'completed', result = %(result)s::jsonb, finished_at = %(now)s,
+         resolution = %(resolution)s
+   WHERE run_id IN (SELECT run_id FROM fence) AND step = %(step)s AND attempt = %(attempt)s
+     AND status = 'started'
+  RETURNING 1)
+"""
+_STILL_RUNNING = "lease_expires_at = %(expiry)s"
+_FINISHED = "status = 'completed', lease_expires_at = NULL, wake_at = NULL, reason = ''"
+_RECORD_RESULT = {
+    (False, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + "SELECT count(*) FROM fence",
+    (False, True): _RESULT_HEAD.format(state=_FINISHED) + "SELECT count(*) FROM fence",
+    (True, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + ", intent AS (" + _INTENT_ROW
+    + " RETURNING 1) SELECT count(*) FROM fence",
+}
+
+_CHECKPOINT = """
+WITH fence AS (
+  UPDATE run_state SET updated_at = %(now)s, lease_expires_at = %(expiry)s
+   WHERE run_id = %(run)s AND epoch = %(epoch)s
+     AND EXISTS (SELECT 1 FROM run_step
+                  WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
+  RETURNING run_id)
+UPDATE run_step SET loop_cursor = %(loop)s, progress = %(progress)s::jsonb
+ WHERE run_id IN (SELECT run_id FROM fence) AND step = %(step)s AND attempt = %(attempt)s
+"""
+
+
+def _one(sql: str, params: dict[str, Any]) -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def _rowcount(sql: str, params: dict[str, Any]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any] | None:
+    """Take the oldest due run in one statement; SKIP LOCKED lets any number of workers scan at once."""
+    row = _one(_CLAIM, {"owner": owner, "now": now, "expiry": expiry})
+    return None if row is None else (row[0], row[1], row[2], row[3], row[4])
+
+
+def record_intent(*, run: str, epoch: int, owner: str, now: datetime, expiry: datetime, cursor: int,
+                  **intent: Any) -> bool:
+    """Insert the started row (`intent`: i_step, i_attempt, i_key, i_loop, i_progress) and move the cursor,
+    fenced; False if the epoch is stale."""
+    return _rowcount(_RECORD_INTENT, {"run": run, "epoch": epoch, "owner": owner, "now": now, "expiry": expiry,
+                                      "cursor": cursor, **intent}) == 1
+
+
+def record_result(*, run: str, epoch: int, owner: str, now: datetime, expiry: datetime, cursor: int, step: str,
+                  attempt: int, result: str, resolution: str, finish: bool,
+                  intent: dict[str, Any] | None) -> bool:
+    """Complete the started attempt, move the cursor, and either add the next intent or finish the run."""
+    params = {"run": run, "epoch": epoch, "owner": owner, "now": now, "expiry": expiry, "cursor": cursor,
+              "step": step, "attempt": attempt, "result": result, "resolution": resolution}
+    if intent is not None:
+        params.update(intent)
+    return _one(_RECORD_RESULT[(intent is not None, finish)], params)[0] == 1
+
+
+def checkpoint(*, run: str, epoch: int, now: datetime, expiry: datetime, step: str, attempt: int, loop: int,
+               progress: str) -> bool:
+    """Commit a loop's position inside the started attempt, fenced."""
+    return _rowcount(_CHECKPOINT, {"run": run, "epoch": epoch, "now": now, "expiry": expiry, "step": step,
+                                   "attempt": attempt, "loop": loop, "progress": progress}) == 1
