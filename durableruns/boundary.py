@@ -83,16 +83,16 @@ def compute_boundary(plan: Sequence[str], attempts: Sequence[StepAttempt]) -> Bo
     failed: list[str] = []
     remainder: list[str] = []
     for step in plan:
-        a = latest.get(step)
-        if a is not None and a.status == "completed":
+        last = latest.get(step)
+        if last is not None and last.status == "completed":
             done.append(step)
             continue
         remainder.append(step)
-        if a is None:
+        if last is None:
             continue
-        if a.status == "started":
+        if last.status == "started":
             in_doubt.append(step)  # intent recorded, outcome unknown
-        elif a.status == "failed":
+        elif last.status == "failed":
             failed.append(step)
     return Boundary(
         plan=tuple(plan),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from durableruns import conf, store, testing
@@ -94,6 +94,9 @@ class Heartbeat:
                     store.renew(self.lease, now=self.clock())
                 except FencedOut:
                     self.lost.set()
+                    return
+                except DatabaseError as exc:  # the main thread meets the same error on its next write
+                    log.warning("run %s: lease not renewed: %s", self.lease.run_id, exc)
                     return
         finally:
             connection.close()  # this thread's own connection

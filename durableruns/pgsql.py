@@ -88,7 +88,7 @@ def _one(sql: str, params: dict[str, Any]) -> Any:
 def _rowcount(sql: str, params: dict[str, Any]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any] | None:
@@ -113,7 +113,7 @@ def record_result(*, run: str, epoch: int, owner: str, now: datetime, expiry: da
               "step": step, "attempt": attempt, "result": result, "resolution": resolution}
     if intent is not None:
         params.update(intent)
-    return _one(_RECORD_RESULT[(intent is not None, finish)], params)[0] == 1
+    return bool(_one(_RECORD_RESULT[(intent is not None, finish)], params)[0] == 1)
 
 
 def checkpoint(*, run: str, epoch: int, now: datetime, expiry: datetime, step: str, attempt: int, loop: int,

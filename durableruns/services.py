@@ -21,6 +21,7 @@ from durableruns.errors import (
     EscalationNotFound,
     InvalidDecision,
     InvalidInput,
+    ResultNotJSON,
     RunNotActionable,
     RunNotFound,
     UnknownWorkflow,
@@ -44,7 +45,7 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, now:
         raise InvalidInput(f"the input must be a JSON object, not {type(input).__name__}")
     try:
         store.ensure_json(input, what="the input")
-    except Exception as exc:  # ResultNotJSON names the value; say it is the input
+    except ResultNotJSON as exc:
         raise InvalidInput(str(exc)) from None
     if run_id is not None and (not isinstance(run_id, str) or not run_id.strip() or len(run_id) > 200):
         raise InvalidInput("run_id must be a non-empty string of at most 200 characters")
@@ -281,3 +282,11 @@ def step_policy(run: RunState, step: str) -> Policy | None:
         return get_workflow(run.workflow)[step].policy
     except (UnknownWorkflow, KeyError):
         return None
+
+
+def step_doc(run: RunState, step: str) -> str:
+    """The step's docstring (for an escalated step: how a person checks the far system by hand), or ''."""
+    try:
+        return get_workflow(run.workflow)[step].doc
+    except (UnknownWorkflow, KeyError):
+        return ""

@@ -152,10 +152,10 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
 def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None = None) -> Claimed | None:
     """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch."""
     if run_id is None and _fast():
-        row = pgsql.claim(owner=owner, now=now, expiry=now + timedelta(seconds=lease_seconds))
-        if row is None:
+        taken = pgsql.claim(owner=owner, now=now, expiry=now + timedelta(seconds=lease_seconds))
+        if taken is None:
             return None
-        taken_id, epoch, workflow, fingerprint, payload = row
+        taken_id, epoch, workflow, fingerprint, payload = taken
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint,
                        input=(json.loads(payload) if isinstance(payload, str) else payload) or {})
@@ -169,7 +169,7 @@ def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None
             return None
         # Conditional on the epoch read: on a database without row locks (SQLite) this is what keeps two
         # workers from both taking the run.
-        taken = RunState.objects.filter(pk=row["run_id"], epoch=row["epoch"]).update(
+        moved = RunState.objects.filter(pk=row["run_id"], epoch=row["epoch"]).update(
             status=RunStatus.RUNNING,
             owner=owner,
             epoch=F("epoch") + 1,
@@ -177,7 +177,7 @@ def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None
             wake_at=None,
             updated_at=now,
         )
-        if not taken:
+        if not moved:
             return None
     return Claimed(
         lease=Lease(run_id=row["run_id"], owner=owner, epoch=row["epoch"] + 1, seconds=lease_seconds),
