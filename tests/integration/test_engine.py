@@ -353,3 +353,17 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_step():
     assert stolen == [None]  # the lease was still live: renewed while the step ran
     assert report.counts() == {"completed": 1}
     assert attempts(run_id, "slow") == [(1, "completed")]
+
+
+def test_a_result_for_an_attempt_no_longer_started_writes_nothing_at_all():
+    run_id = make_run()
+    now = timezone.now()
+    lease = store.claim(owner="a", lease_seconds=30, now=now).lease
+    store.record_intent(lease, Intent(step="first", attempt=1, effect_key="k", cursor=0), now=now)
+    store.record_result(lease, step="first", attempt=1, result={"n": 1}, cursor=1, now=now)
+    # Replaying the same result with the next intent riding on it: the attempt is completed already.
+    with pytest.raises(FencedOut):
+        store.record_result(lease, step="first", attempt=1, result={"n": 2}, cursor=1, now=now,
+                            next_intent=Intent(step="second", attempt=1, effect_key="k2", cursor=1))
+    assert attempts(run_id, "second") == []  # the intent in the same statement was not written either
+    assert RunStep.objects.get(run_id=run_id, step="first").result == {"n": 1}
