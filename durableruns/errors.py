@@ -30,9 +30,9 @@ class DurableRunsError(Exception):
         self.facts = facts
         for name, value in facts.items():
             setattr(self, name, value)
-        text = message or (self.__doc__ or "").strip().splitlines()[0]
+        text = message or (self.__doc__ or "").strip().splitlines()[0].rstrip(".")
         if facts and message is None:
-            text = f"{text} ({', '.join(f'{k}={v!r}' for k, v in facts.items())})"
+            text = f"{text}: {', '.join(f'{k}={v!r}' for k, v in facts.items())}"
         super().__init__(text)
 
 
@@ -69,7 +69,7 @@ class FencedOut(DurableRunsError):
 
 
 class EscalationNotFound(DurableRunsError):
-    """There is no escalation for that run and step."""
+    """No such escalation."""
 
 
 class AlreadyDecided(DurableRunsError):

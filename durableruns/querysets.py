@@ -33,6 +33,11 @@ class RunStateQuerySet(models.QuerySet):
     def newest_first(self) -> RunStateQuerySet:
         return self.order_by("-created_at")
 
+    def having_effect_key(self, key: str) -> RunStateQuerySet:
+        """Runs with an attempt under `key` (EXISTS, so a run with many such attempts is listed once)."""
+        attempts = self.model._meta.get_field("attempts").related_model._default_manager
+        return self.filter(models.Exists(attempts.filter(run_id=models.OuterRef("pk"), effect_key=key)))
+
 
 class RunStepQuerySet(models.QuerySet):
     def of_run(self, run_id: str) -> RunStepQuerySet:

@@ -9,6 +9,7 @@ started -> completed or failed, by a conditional update on its status.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -71,12 +72,19 @@ class Intent:
     progress: dict[str, Any] | None = None
 
 
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def to_json(value: Any, *, what: str) -> str:
-    """Encode `value` as JSON text, or raise ResultNotJSON naming what it was."""
+    """Encode `value` as JSON text PostgreSQL's jsonb can store, or raise ResultNotJSON naming what it was."""
     try:
-        return json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")  # a lone surrogate cannot be stored
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise ResultNotJSON(f"{what} is not JSON ({type(value).__name__}): {exc}") from None
+    if _NUL.search(text):
+        raise ResultNotJSON(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
+    return text
 
 
 def ensure_json(value: Any, *, what: str) -> Any:

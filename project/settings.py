@@ -97,8 +97,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
+        # Token first, so an anonymous call gets 401 with WWW-Authenticate rather than 403.
         "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
@@ -110,6 +111,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "durableruns API",
     "DESCRIPTION": "Start durable runs, read their recovery boundary, decide escalated steps.",
     "VERSION": "0.1.0",
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "durableruns.models.RunStatus",
+        "StepStatusEnum": "durableruns.models.StepStatus",
+    },
 }
 
 # durableruns: how long a worker's claim on a run lasts without renewal (seconds, fractions allowed).

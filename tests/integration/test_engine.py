@@ -367,3 +367,10 @@ def test_a_result_for_an_attempt_no_longer_started_writes_nothing_at_all():
                             next_intent=Intent(step="second", attempt=1, effect_key="k2", cursor=1))
     assert attempts(run_id, "second") == []  # the intent in the same statement was not written either
     assert RunStep.objects.get(run_id=run_id, step="first").result == {"n": 1}
+
+
+@pytest.mark.parametrize("bad", ["nul\x00byte", "lone \ud800 surrogate"])
+def test_text_jsonb_cannot_store_is_refused_before_the_database(bad):
+    with pytest.raises(InvalidInput):
+        durableruns.start("scripted", {"note": bad})
+    assert RunState.objects.count() == 0

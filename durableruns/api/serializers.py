@@ -1,0 +1,283 @@
+"""The API's shapes: what a client sends (parsed here, checked by the services) and what it reads back.
+
+Read serializers take rows whose attempts are already prefetched and compute each run's boundary once, from
+those rows, so rendering a page costs no query per run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from durableruns import services
+from durableruns.boundary import Boundary, Zone
+from durableruns.errors import UnknownWorkflow
+from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
+from durableruns.registry import get_workflow, workflows
+
+OUTCOMES = [
+    (Intervention.Action.HAPPENED.value, Intervention.Action.HAPPENED.label),
+    (Intervention.Action.DID_NOT_HAPPEN.value, Intervention.Action.DID_NOT_HAPPEN.label),
+    (Intervention.Action.ABANDON.value, Intervention.Action.ABANDON.label),
+]
+ESCALATION_STATES = [("open", "not decided yet"), ("decided", "decided"), ("all", "open and decided")]
+
+
+# -- shared helpers ------------------------------------------------------------------------------------------
+
+
+def unstorable_text(value: Any) -> str | None:
+    """Say why `value` cannot be stored in PostgreSQL's jsonb, or None if it can.
+
+    JSON allows "\\u0000" and lone surrogates ("\\ud800"); jsonb refuses both with a DataError, which would
+    surface as a 500. Walked with a stack, not recursion, so a deeply nested body cannot exhaust the stack.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return "text in JSON may not contain NUL characters (\\u0000)"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "text in JSON may not contain unpaired surrogates"
+    return None
+
+
+class StorableJSONField(serializers.JSONField):
+    """Any JSON value the database can store (a decision's result may be any JSON)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        problem = unstorable_text(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(StorableJSONField):
+    """Storable JSON, documented as an object: the services refuse anything else with a clear message."""
+
+
+class WorkflowNameField(serializers.CharField):
+    """A workflow's name. Checked by the service (an unknown one is `unknown_workflow`, 400), and listed as an
+    enum in the schema, read from the registry when the schema is served, so clients see what this deploy runs."""
+
+
+class WorkflowNameFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = WorkflowNameField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {"type": "string", "enum": sorted(workflows())}
+
+
+def _boundary(serializer: serializers.Field, run: RunState) -> Boundary:
+    """The run's boundary from its prefetched attempts, computed once per run per response."""
+    cache: dict[str, Boundary] = serializer.context.setdefault("boundaries", {})
+    if run.run_id not in cache:
+        cache[run.run_id] = services.boundary_of(run, attempts=[a.to_attempt() for a in run.attempts.all()])
+    return cache[run.run_id]
+
+
+def _sentence(serializer: serializers.Field, run: RunState) -> str:
+    return _boundary(serializer, run).sentence(timezone.get_current_timezone())
+
+
+# -- requests ------------------------------------------------------------------------------------------------
+
+
+class StartRunSerializer(serializers.Serializer):
+    """POST /api/runs/: which workflow, with what input, under which run_id (generated if omitted)."""
+
+    workflow = WorkflowNameField(max_length=200, help_text="A registered workflow's name.")
+    input = JSONObjectField(help_text="The run's input: a JSON object.")
+    run_id = serializers.CharField(
+        max_length=200, required=False, help_text="Your id for the run (unique); generated if omitted."
+    )
+
+
+class DecisionRequestSerializer(serializers.Serializer):
+    """POST /api/escalations/{id}/decide/: the outcome a person established, and why."""
+
+    outcome = serializers.ChoiceField(choices=OUTCOMES)
+    note = serializers.CharField(help_text="Why: what was checked, and where. Required.")
+    result = StorableJSONField(
+        required=False, allow_null=True,
+        help_text="With 'happened' only: the step's result to record (any JSON).",
+    )
+
+
+class RunFilterSerializer(serializers.Serializer):
+    """Query parameters of GET /api/runs/; blank ones are ignored."""
+
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False, allow_blank=True)
+    workflow = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    effect_key = serializers.CharField(
+        max_length=500, required=False, allow_blank=True, help_text="Runs with an attempt under this effect key."
+    )
+    run_id = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class EscalationFilterSerializer(serializers.Serializer):
+    """Query parameters of GET /api/escalations/."""
+
+    state = serializers.ChoiceField(choices=ESCALATION_STATES, default="open", required=False)
+
+
+# -- responses -----------------------------------------------------------------------------------------------
+
+
+class DecisionSerializer(serializers.ModelSerializer):
+    """A staff decision on an escalation: who, when, why, and the result they recorded."""
+
+    class Meta:
+        model = Intervention
+        fields = ["action", "decided_by", "decided_at", "note", "result"]
+        read_only_fields = fields
+
+
+class InterventionSerializer(serializers.ModelSerializer):
+    """Any staff act on a run (decision, cancel, retry)."""
+
+    escalation_id = serializers.IntegerField(allow_null=True, read_only=True)
+
+    class Meta:
+        model = Intervention
+        fields = ["id", "action", "step", "attempt", "decided_by", "decided_at", "note", "result", "escalation_id"]
+        read_only_fields = fields
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    """One attempt at one step, as recorded; never edited through the API."""
+
+    class Meta:
+        model = RunStep
+        fields = ["step", "attempt", "status", "effect_key", "started_at", "finished_at", "owner", "epoch",
+                  "error", "result", "loop_cursor", "resolution"]
+        read_only_fields = fields
+
+
+class EscalationSerializer(serializers.ModelSerializer):
+    """An escalation with what a person needs to decide it: the run's sentence and the step's docstring."""
+
+    run_id = serializers.CharField(read_only=True)
+    workflow = serializers.CharField(source="run.workflow", read_only=True)
+    sentence = serializers.SerializerMethodField()
+    doc = serializers.SerializerMethodField(help_text="The step's docstring: how to check the far system by hand.")
+    decision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Escalation
+        fields = ["id", "run_id", "workflow", "step", "attempt", "effect_key", "in_doubt_since", "opened_at",
+                  "reason", "sentence", "doc", "decision"]
+        read_only_fields = fields
+
+    def get_sentence(self, escalation: Escalation) -> str:
+        return _sentence(self, escalation.run)
+
+    def get_doc(self, escalation: Escalation) -> str:
+        try:
+            return get_workflow(escalation.run.workflow)[escalation.step].doc
+        except (UnknownWorkflow, KeyError):
+            return ""  # a workflow or step this deploy no longer declares
+
+    @extend_schema_field(DecisionSerializer(allow_null=True))
+    def get_decision(self, escalation: Escalation) -> dict[str, Any] | None:
+        decision = getattr(escalation, "decision", None)
+        return None if decision is None else DecisionSerializer(decision).data
+
+
+class RunSerializer(serializers.ModelSerializer):
+    """A run in a list: where it stands, in one sentence, and who holds it."""
+
+    sentence = serializers.SerializerMethodField(
+        help_text="e.g. '6 steps complete, charge in doubt since 14:07, 3 steps remaining'"
+    )
+
+    class Meta:
+        model = RunState
+        fields = ["run_id", "workflow", "status", "sentence", "cursor", "owner", "lease_expires_at", "wake_at",
+                  "reason", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_sentence(self, run: RunState) -> str:
+        return _sentence(self, run)
+
+
+class PlanStepSerializer(serializers.Serializer):
+    step = serializers.CharField()
+    zone = serializers.ChoiceField(choices=[(z.value, z.value) for z in Zone])
+    since = serializers.DateTimeField(allow_null=True, help_text="For an in-doubt step: when its intent was recorded.")
+    attempt = serializers.IntegerField(allow_null=True, help_text="The latest attempt's number, if any.")
+    policy = serializers.CharField(allow_null=True, help_text="The step's in-doubt policy, if the step is declared.")
+
+
+class BoundarySerializer(serializers.Serializer):
+    plan = PlanStepSerializer(many=True)
+    done = serializers.ListField(child=serializers.CharField())
+    in_doubt = serializers.ListField(child=serializers.CharField())
+    failed = serializers.ListField(child=serializers.CharField())
+    remainder = serializers.ListField(child=serializers.CharField(), help_text="Every step not done, in plan order.")
+
+
+class RunDetailSerializer(RunSerializer):
+    """A run in full: its boundary in plan order, every attempt, its escalations and staff acts."""
+
+    boundary = serializers.SerializerMethodField()
+    escalations = EscalationSerializer(many=True, read_only=True)
+    interventions = InterventionSerializer(many=True, read_only=True)
+    attempts = AttemptSerializer(many=True, read_only=True)
+    input = JSONObjectField(read_only=True)
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "epoch", "input", "boundary", "escalations", "interventions",
+                  "attempts"]
+        read_only_fields = fields
+
+    @extend_schema_field(BoundarySerializer)
+    def get_boundary(self, run: RunState) -> dict[str, Any]:
+        b = _boundary(self, run)
+        plan = []
+        for step in b.plan:
+            zone = b.zone(step)
+            latest = b.latest.get(step)
+            policy = services.step_policy(run, step)
+            plan.append({
+                "step": step,
+                "zone": zone.value,
+                "since": latest.started_at if zone is Zone.IN_DOUBT and latest else None,
+                "attempt": latest.attempt if latest else None,
+                "policy": policy.value if policy else None,
+            })
+        return BoundarySerializer({"plan": plan, "done": b.done, "in_doubt": b.in_doubt, "failed": b.failed,
+                                   "remainder": b.remainder}).data
+
+
+class ErrorSerializer(serializers.Serializer):
+    """A refusal: `detail` says why. The durableruns error tree adds `code` and the facts the error carries
+    (run_id, workflow, escalation_id, ...); DRF's own refusals (auth, permission, parse) carry `detail` only."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField(required=False)
+
+
+class ConflictSerializer(ErrorSerializer):
+    """A decision that cannot apply. `already_decided` names who decided first and when; `run_not_actionable`
+    carries the run's id and status."""
+
+    escalation_id = serializers.IntegerField(required=False)
+    decided_by = serializers.CharField(required=False)
+    decided_at = serializers.DateTimeField(required=False)
+    run_id = serializers.CharField(required=False)
+    status = serializers.CharField(required=False)
