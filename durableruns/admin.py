@@ -1,0 +1,606 @@
+"""The back office: runs read-only with their recovery boundary, two confirmed staff actions, the escalation queue.
+
+Pages read through the querysets and `services.boundary_of`; every write is one `services` call whose typed
+error becomes a message. The record itself is never edited here: run_state has no change form, run_step (a
+composite primary key, which the admin cannot register) is shown on the run page, and a decision is its own
+row, made by `services.resolve_escalation`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from typing import Any, cast
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.timesince import timesince
+
+from durableruns import services
+from durableruns.boundary import Boundary, StepAttempt, Zone
+from durableruns.errors import AlreadyDecided, DurableRunsError
+from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
+from durableruns.policies import Outcome
+from durableruns.querysets import EscalationQuerySet, RunStateQuerySet
+
+# -- presentation: badges and compact summaries ------------------------------------------------------------
+
+# Tones are CSS classes of templates/durableruns/admin/styles.html. Every status and every zone has one
+# (tests/admin/test_display.py checks exhaustiveness), so a new status cannot render as a blank cell.
+STATUS_TONES: dict[str, str] = {
+    RunStatus.PENDING: "info",
+    RunStatus.RUNNING: "info",
+    RunStatus.WAITING: "warn",
+    RunStatus.NEEDS_DECISION: "alert",
+    RunStatus.COMPLETED: "ok",
+    RunStatus.FAILED: "bad",
+    RunStatus.CANCELLED: "muted",
+}
+ZONE_BADGES: dict[Zone, tuple[str, str]] = {
+    Zone.DONE: ("done", "ok"),
+    Zone.IN_DOUBT: ("in doubt", "alert"),
+    Zone.FAILED: ("failed", "bad"),
+    Zone.NOT_STARTED: ("remaining", "muted"),
+}
+ATTEMPT_BADGES: dict[str, tuple[str, str]] = {
+    StepStatus.STARTED: ("started, no outcome", "alert"),
+    StepStatus.COMPLETED: ("completed", "ok"),
+    StepStatus.FAILED: ("failed", "bad"),
+}
+# Mirrors what services.cancel_run / retry_run accept, only to decide which buttons a run page offers;
+# the services still refuse anything else.
+CANCELLABLE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION, RunStatus.FAILED)
+RETRYABLE = (RunStatus.FAILED,)
+
+
+def badge(label: str, tone: str) -> SafeString:
+    return format_html('<span class="dr-badge dr-{}">{}</span>', tone, label)
+
+
+def status_badge(status: str) -> SafeString:
+    label = RunStatus(status).label if status in RunStatus.values else status
+    return badge(label, STATUS_TONES.get(status, "muted"))
+
+
+def zone_badge(zone: Zone) -> SafeString:
+    label, tone = ZONE_BADGES[zone]
+    return badge(label, tone)
+
+
+def attempt_badge(status: str) -> SafeString:
+    label, tone = ATTEMPT_BADGES.get(status, (status, "muted"))
+    return badge(label, tone)
+
+
+def when(moment: datetime | None) -> str:
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else "—"
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _short_scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) and len(str(value)) <= 48
+
+
+def summarize(result: Any, *, skip: Iterable[Any] = (), limit: int = 3) -> str:
+    """Say what a step's result holds in a few words: its identifiers (charge_id, order_id...) if it has any."""
+    if result is None:
+        return "no result"
+    if isinstance(result, dict):
+        skipped = set(map(str, skip))
+        shown = [(k, v) for k, v in result.items() if _short_scalar(v) and str(v) not in skipped]
+        ids = [(k, v) for k, v in shown if k == "id" or k.endswith("_id")]
+        # Without ids, references first: JSONB stores keys in its own order, not the step's.
+        picked = ids or sorted(shown, key=lambda kv: not ("ref" in kv[0]))
+        return ", ".join(f"{k} {v}" for k, v in picked[:limit]) or f"{{{len(result)} keys}}"
+    if isinstance(result, list):
+        return f"[{len(result)} items]"
+    return str(result) if _short_scalar(result) else Truncator(str(result)).chars(48)
+
+
+def holds(boundary: Boundary) -> list[dict[str, Any]]:
+    """What a run holds meanwhile: each done step with a compact summary of its result (and the full JSON)."""
+    out = []
+    for step in boundary.done:
+        latest = boundary.latest[step]
+        out.append({"step": step, "summary": summarize(latest.result, skip=[latest.effect_key]),
+                    "json": pretty_json(latest.result)})
+    return out
+
+
+def zone_detail(zone: Zone, latest: StepAttempt | None) -> str:
+    """Say, for one step of the plan, what its zone means for this run."""
+    if zone is Zone.DONE and latest is not None:
+        return f"done at {when(latest.finished_at)} (attempt {latest.attempt})"
+    if zone is Zone.IN_DOUBT and latest is not None:
+        return (f"in doubt since {when(latest.started_at)} (attempt {latest.attempt}): its intent was "
+                f"recorded, its outcome never was")
+    if zone is Zone.FAILED and latest is not None:
+        error = (latest.error.strip().splitlines() or [""])[-1]
+        return f"failed at {when(latest.finished_at)} (attempt {latest.attempt}): {Truncator(error).chars(160)}"
+    return "remaining: not started"
+
+
+def _boundary(run: RunState) -> Boundary:
+    """The run's boundary from its prefetched attempts, computed once per row (list cells share it)."""
+    cached = run.__dict__.get("_dr_boundary")
+    if cached is None:
+        cached = services.boundary_of(run, attempts=[a.to_attempt() for a in run.attempts.all()])
+        run.__dict__["_dr_boundary"] = cached
+    return cached
+
+
+def _sentence(boundary: Boundary) -> str:
+    return boundary.sentence(timezone.get_current_timezone())
+
+
+def _run_url(run_id: str) -> str:
+    return reverse("admin:durableruns_runstate_change", args=[quote(run_id)])
+
+
+def _escalation_url(escalation_id: int) -> str:
+    return reverse("admin:durableruns_escalation_change", args=[escalation_id])
+
+
+# -- forms -------------------------------------------------------------------------------------------------
+
+
+class NoteForm(forms.Form):
+    """The why of a staff action, recorded with the user's name and the time."""
+
+    note = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
+        help_text="Why: recorded with your name and the time, and shown on the run page.",
+    )
+
+
+class OptionalJSONField(forms.JSONField):
+    """A JSON textarea that starts empty, not with the text 'null'."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value is None else super().prepare_value(value)
+
+
+DECISION_LABELS = {
+    Outcome.HAPPENED: "It happened",
+    Outcome.DID_NOT_HAPPEN: "It did not happen — run it again",
+    Outcome.ABANDON: "Abandon the run",
+}
+
+
+class DecisionForm(forms.Form):
+    """One of three decisions (the button pressed), a required note, and for 'it happened' an optional result."""
+
+    outcome = forms.ChoiceField(choices=[(o.value, label) for o, label in DECISION_LABELS.items()],
+                                label="decision")
+    note = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
+        help_text="What you checked and what you found: recorded with your name and the time.",
+    )
+    result = OptionalJSONField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70, "placeholder": '{"message_id": "msg_123"}'}),
+        help_text="Only with “it happened”, optional: the step's result as JSON, as later steps would read it.",
+        error_messages={"invalid": "The result is not valid JSON: nothing was recorded."},
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("outcome") not in (None, Outcome.HAPPENED) and data.get("result") is not None:
+            self.add_error("result", "A result goes only with “it happened”.")
+        return data
+
+
+# -- change lists that prefetch what their rows need ---------------------------------------------------------
+
+
+class RunChangeList(ChangeList):
+    """Prefetch the attempts of the runs on the page in one query: each row's sentence needs its boundary."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_list = self.result_list.prefetch_related("attempts")
+
+
+class EscalationChangeList(ChangeList):
+    """Prefetch the attempts of every run on the queue's page in one query: sentence, holds and counts."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_list = self.result_list.prefetch_related("run__attempts")
+
+
+# -- runs --------------------------------------------------------------------------------------------------
+
+
+@admin.register(RunState)
+class RunStateAdmin(admin.ModelAdmin):
+    """Runs, newest first, each with the sentence that says where it stands; read-only, two confirmed actions."""
+
+    list_display = ("run_id", "workflow", "status_badge", "where_it_stands", "owner", "lease_expires_at", "age",
+                    "wake_at")
+    list_filter = ("status", "workflow")
+    search_fields = ("run_id",)
+    search_help_text = "A run id (or part of one), or an exact effect key such as <run id>:charge."
+    ordering = ("-created_at",)
+    list_per_page = 100
+    show_full_result_count = False  # run_state grows without bound: one COUNT per page is enough
+    actions = ("cancel_runs", "retry_runs")
+    change_list_template = "durableruns/admin/run_change_list.html"
+    change_form_template = "durableruns/admin/run_change_form.html"
+    fieldsets = (
+        (None, {"fields": (("run_id", "workflow"), ("status_badge", "cursor"), "reason")}),
+        ("Ownership", {"fields": (("owner", "epoch"), ("lease_expires_at", "wake_at"))}),
+        ("Record", {"fields": (("created_at", "updated_at"), "plan_fingerprint", "input_json")}),
+    )
+
+    # The record is written by workers and services only: nothing here edits, adds or deletes a row.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Whoever may act on runs (cancel, retry, decide their escalations) must be able to see them.
+        return (super().has_view_permission(request, obj) or self.has_cancel_permission(request)
+                or self.has_retry_permission(request) or request.user.has_perm("durableruns.decide_escalation"))
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durableruns.cancel_run")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durableruns.retry_run")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return flatten_fieldsets(self.fieldsets)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RunChangeList
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str
+                           ) -> tuple[QuerySet, bool]:
+        """Match the run id as usual, or an effect key exactly: 'which run charged under this key?'."""
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if term:
+            found = found | cast(RunStateQuerySet, queryset).having_effect_key(term)
+        return found, may_have_duplicates
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"title": "Runs", **(extra_context or {})})
+
+    # -- columns
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: RunState) -> SafeString:
+        return status_badge(run.status)
+
+    @admin.display(description="where it stands")
+    def where_it_stands(self, run: RunState) -> SafeString:
+        sentence = _sentence(_boundary(run))
+        if not run.reason:
+            return format_html("{}", sentence)
+        return format_html('{}<div class="dr-why">{}</div>', sentence, Truncator(run.reason).chars(160))
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, run: RunState) -> str:
+        return timesince(run.created_at)
+
+    @admin.display(description="input")
+    def input_json(self, run: RunState) -> SafeString:
+        return format_html('<pre class="dr-json">{}</pre>', pretty_json(run.input))
+
+    # -- the run page
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], add: bool = False,
+                           change: bool = False, form_url: str = "", obj: RunState | None = None) -> HttpResponse:
+        if obj is not None:
+            context.update(self.run_page_context(request, obj))
+        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
+
+    def run_page_context(self, request: HttpRequest, run: RunState) -> dict[str, Any]:
+        """The boundary in plan order, every attempt of every step, decisions and escalations: four queries."""
+        rows = list(RunStep.objects.of_run(run.run_id))
+        boundary = services.boundary_of(run, attempts=[r.to_attempt() for r in rows])
+        by_step: dict[str, list[RunStep]] = {}
+        for row in sorted(rows, key=lambda r: r.attempt):
+            by_step.setdefault(row.step, []).append(row)
+        escalations = list(run.escalations.select_related("decision").order_by("opened_at"))
+        open_by_step = {e.step: e for e in escalations if e.is_open}
+        steps = []
+        for name in (*boundary.plan, *(s for s in by_step if s not in boundary.plan)):
+            zone = boundary.zone(name) if name in boundary.plan else None
+            latest = boundary.latest.get(name)
+            policy = services.step_policy(run, name)
+            steps.append({
+                "name": name,
+                "badge": zone_badge(zone) if zone else badge("not in this deploy's plan", "muted"),
+                "detail": zone_detail(zone, latest) if zone else "attempted under an earlier plan",
+                "policy": policy.value if policy else "unknown",
+                "escalation": open_by_step.get(name) if zone is Zone.IN_DOUBT else None,
+                "attempts": [self._attempt_row(r) for r in by_step.get(name, [])],
+            })
+        return {
+            "sentence": _sentence(boundary),
+            "steps": steps,
+            "attempt_count": len(rows),
+            "escalations": escalations,
+            "interventions": list(run.interventions.all()),
+            "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
+            "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
+        }
+
+    @staticmethod
+    def _attempt_row(row: RunStep) -> dict[str, Any]:
+        return {"row": row, "badge": attempt_badge(row.status), "has_result": row.result is not None,
+                "summary": summarize(row.result, skip=[row.effect_key]), "result_json": pretty_json(row.result)}
+
+    # -- staff actions, each confirmed with a note and recorded by a service
+
+    @admin.action(description="Cancel selected runs…", permissions=["cancel"])
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return self._confirmed(
+            request, queryset, action="cancel_runs", perform=services.cancel_run,
+            title="Cancel runs", verb="cancelled",
+            question="Cancel these runs for good? A worker holding one is fenced out; nothing already done is undone.",
+        )
+
+    @admin.action(description="Retry selected failed runs…", permissions=["retry"])
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return self._confirmed(
+            request, queryset, action="retry_runs", perform=services.retry_run,
+            title="Retry failed runs", verb="retried",
+            question="Give the failed step of these runs a fresh set of attempts? The next resume_runs makes a "
+                     "new attempt under the same effect key.",
+        )
+
+    def _confirmed(self, request: HttpRequest, queryset: QuerySet, *, action: str, title: str, verb: str,
+                   question: str, perform: Callable[..., Intervention]) -> HttpResponse | None:
+        """Like delete_selected: a confirmation page with a required note, then one service call per run."""
+        runs = list(queryset.prefetch_related("attempts"))
+        form = NoteForm(request.POST if request.POST.get("post") else None)
+        if form.is_valid():
+            done = []
+            for run in runs:
+                try:
+                    perform(run.run_id, by=request.user, note=form.cleaned_data["note"])
+                except DurableRunsError as exc:  # RunNotActionable, RunNotFound: nothing changed for this run
+                    self.message_user(request, f"{run.run_id} was not {verb}: {exc}", messages.ERROR)
+                else:
+                    done.append(run.run_id)
+            if done:
+                self.message_user(request, f"{verb.capitalize()} {len(done)} run(s): {', '.join(done)}. "
+                                           f"Recorded with your note.", messages.SUCCESS)
+            return None  # back to the runs list
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "question": question,
+            "opts": self.opts,
+            "action": action,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "form": form,
+            "runs": [{"run": r, "badge": status_badge(r.status), "sentence": _sentence(_boundary(r))} for r in runs],
+            "media": self.media,
+        }
+        return TemplateResponse(request, "durableruns/admin/run_action_confirmation.html", context)
+
+
+# -- the escalation queue ------------------------------------------------------------------------------------
+
+
+class DecisionStateFilter(admin.SimpleListFilter):
+    """Open escalations by default: the queue. Decided ones stay one click away, with their decision."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("open", "open"), ("decided", "decided"), ("all", "all")]
+
+    def choices(self, changelist: ChangeList) -> Iterator[Any]:
+        current = self.value() or "open"
+        for value, label in self.lookup_choices:
+            yield {"selected": current == value, "display": label,
+                   "query_string": changelist.get_query_string({self.parameter_name: value})}
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        state = self.value() or "open"
+        if state == "open":
+            return cast(EscalationQuerySet, queryset).open()
+        if state == "decided":
+            return cast(EscalationQuerySet, queryset).decided()
+        return queryset
+
+
+@admin.register(Escalation)
+class EscalationAdmin(admin.ModelAdmin):
+    """The queue of in-doubt steps a person must decide, each row carrying what deciding needs."""
+
+    # Few, dense columns, so a row fits a laptop screen: the escalation's cell carries its decision, and the
+    # step in doubt (since when, its effect key, attempts so far) shares one cell.
+    list_display = ("escalation", "run_and_sentence", "in_doubt", "how_to_check", "the_run_holds")
+    list_display_links = ("escalation",)
+    list_filter = (DecisionStateFilter,)
+    search_fields = ("run__run_id", "effect_key", "step")
+    search_help_text = "A run id, an effect key or a step name."
+    list_per_page = 50
+    actions = None
+    change_list_template = "durableruns/admin/escalation_change_list.html"
+    page_template = "durableruns/admin/escalation_page.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_view_permission(request, obj) or self.has_decide_permission(request)
+
+    def has_decide_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durableruns.decide_escalation")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("run", "decision")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return EscalationChangeList
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        """Open ones oldest first (the longest wait on top); decided ones latest decision first."""
+        if request.GET.get(DecisionStateFilter.parameter_name) == "decided":
+            return ("-decision__decided_at",)
+        return ("opened_at",)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"title": "Escalation queue", **(extra_context or {})})
+
+    # -- columns: everything a person needs to decide, without opening anything else
+
+    @admin.display(description="escalation", ordering="opened_at")
+    def escalation(self, e: Escalation) -> SafeString:
+        return format_html('#{} {}<div class="dr-why">opened {}</div>', e.pk, self.decision_display(e),
+                           when(e.opened_at))
+
+    @admin.display(description="run")
+    def run_and_sentence(self, e: Escalation) -> SafeString:
+        return format_html('<a href="{}">{}</a> {}<div class="dr-why">{}</div>', _run_url(e.run_id), e.run_id,
+                           status_badge(e.run.status), _sentence(_boundary(e.run)))
+
+    @admin.display(description="in doubt", ordering="in_doubt_since")
+    def in_doubt(self, e: Escalation) -> SafeString:
+        attempts = sum(1 for a in e.run.attempts.all() if a.step == e.step)
+        return format_html(
+            '<b>{}</b> since {}<div class="dr-why">{} ago · {} attempt{} so far</div>'
+            '<div class="dr-why">effect key <code>{}</code></div>',
+            e.step, when(e.in_doubt_since), timesince(e.in_doubt_since), attempts, "" if attempts == 1 else "s",
+            e.effect_key or "—",
+        )
+
+    @admin.display(description="the far system, and how to check it by hand")
+    def how_to_check(self, e: Escalation) -> SafeString:
+        doc = " ".join(services.step_doc(e.run, e.step).split())
+        return format_html('<div class="dr-doc">{}</div>', doc or "The step has no docstring to say how.")
+
+    @admin.display(description="the run holds meanwhile")
+    def the_run_holds(self, e: Escalation) -> SafeString:
+        held = holds(_boundary(e.run))
+        if not held:
+            return format_html('<span class="dr-why">{}</span>', "nothing yet")
+        return format_html('<ul class="dr-holds">{}</ul>',
+                           format_html_join("", "<li><b>{}</b> {}</li>", ((h["step"], h["summary"]) for h in held)))
+
+    @staticmethod
+    def decision_display(e: Escalation) -> SafeString:
+        decision = getattr(e, "decision", None)
+        if decision is None:
+            return badge("open", "alert")
+        return format_html('{}<div class="dr-why dr-decision">by {} at {}: {}</div>',
+                           badge(decision.get_action_display(), "ok"), decision.decided_by,
+                           when(decision.decided_at), Truncator(decision.note).chars(120))
+
+    # -- the escalation page: read everything, decide once
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Show the escalation; on POST (decide permission only) record one decision through the service."""
+        escalation = self.get_object(request, unquote(object_id))
+        if escalation is None:
+            self.message_user(request, f"There is no escalation #{unquote(object_id)}.", messages.WARNING)
+            return HttpResponseRedirect(reverse("admin:durableruns_escalation_changelist"))
+        if not self.has_view_permission(request, escalation):
+            raise PermissionDenied
+        form = None
+        if request.method == "POST":
+            if not self.has_decide_permission(request):
+                raise PermissionDenied
+            form = DecisionForm(request.POST)
+            if form.is_valid():
+                response = self._decide(request, escalation, form)
+                if response is not None:
+                    return response
+        elif self.awaits_decision(escalation) and self.has_decide_permission(request):
+            form = DecisionForm()
+        return TemplateResponse(request, self.page_template, self.page_context(request, escalation, form))
+
+    @staticmethod
+    def awaits_decision(escalation: Escalation) -> bool:
+        """Open, and its run still stopped for it (a run cancelled meanwhile leaves nothing to decide)."""
+        return escalation.is_open and escalation.run.status == RunStatus.NEEDS_DECISION
+
+    def _decide(self, request: HttpRequest, escalation: Escalation, form: DecisionForm) -> HttpResponse | None:
+        data = form.cleaned_data
+        try:
+            decision = services.resolve_escalation(escalation.pk, data["outcome"], by=request.user,
+                                                   note=data["note"], result=data["result"])
+        except AlreadyDecided as exc:
+            # Someone decided first (perhaps a moment ago): theirs applies; say whose it is.
+            self.message_user(request, f"Your decision was not recorded: this escalation was {exc}.",
+                              messages.ERROR)
+            return HttpResponseRedirect(request.path)
+        except DurableRunsError as exc:  # InvalidDecision, ResultNotJSON, RunNotActionable: nothing recorded
+            form.add_error(None, f"Nothing was recorded: {exc}")
+            return None
+        self.message_user(
+            request,
+            f"Recorded “{decision.get_action_display()}” for {escalation.step} of {escalation.run_id}; "
+            f"the next resume_runs acts on it.",
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(reverse("admin:durableruns_escalation_changelist"))
+
+    def page_context(self, request: HttpRequest, escalation: Escalation, form: DecisionForm | None
+                     ) -> dict[str, Any]:
+        run = escalation.run
+        rows = list(RunStep.objects.of_run(run.run_id))
+        boundary = services.boundary_of(run, attempts=[r.to_attempt() for r in rows])
+        decision = getattr(escalation, "decision", None)
+        policy = services.step_policy(run, escalation.step)
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"{escalation.step} of {run.run_id}: " + ("decided" if decision else "in doubt"),
+            "subtitle": None,
+            "escalation": escalation,
+            "run": run,
+            "run_url": _run_url(run.run_id),
+            "status": status_badge(run.status),
+            "sentence": _sentence(boundary),
+            "policy": policy.value if policy else "unknown",
+            "doc": inspect.cleandoc(services.step_doc(run, escalation.step)),
+            "attempts": [RunStateAdmin._attempt_row(r) for r in sorted(rows, key=lambda r: r.attempt)
+                         if r.step == escalation.step],
+            "holds": holds(boundary),
+            "remainder": [s for s in boundary.remainder if s != escalation.step],
+            "input_json": pretty_json(run.input),
+            "decision": decision,
+            "decision_result_json": pretty_json(decision.result) if decision and decision.result is not None else "",
+            "form": form,
+            "labels": [(o.value, label) for o, label in DECISION_LABELS.items()],
+            "has_view_permission": True,
+        }
