@@ -141,7 +141,7 @@ def _boundary(run: RunState) -> Boundary:
     """The run's boundary from its prefetched attempts, computed once per row (list cells share it)."""
     cached = run.__dict__.get("_dr_boundary")
     if cached is None:
-        cached = services.boundary_of(run, attempts=[a.to_attempt() for a in run.attempts.all()])
+        cached = services.boundary_of(run)
         run.__dict__["_dr_boundary"] = cached
     return cached
 
@@ -215,7 +215,7 @@ class RunChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        self.result_list = self.result_list.prefetch_related("attempts")
+        self.result_list = self.result_list.with_attempts()
 
 
 class EscalationChangeList(ChangeList):
@@ -321,7 +321,7 @@ class RunStateAdmin(admin.ModelAdmin):
     def run_page_context(self, request: HttpRequest, run: RunState) -> dict[str, Any]:
         """The boundary in plan order, every attempt of every step, decisions and escalations: four queries."""
         rows = list(RunStep.objects.of_run(run.run_id))
-        boundary = services.boundary_of(run, attempts=[r.to_attempt() for r in rows])
+        boundary = services.boundary_of(run, rows)
         by_step: dict[str, list[RunStep]] = {}
         for row in sorted(rows, key=lambda r: r.attempt):
             by_step.setdefault(row.step, []).append(row)
@@ -377,7 +377,7 @@ class RunStateAdmin(admin.ModelAdmin):
     def _confirmed(self, request: HttpRequest, queryset: QuerySet, *, action: str, title: str, verb: str,
                    question: str, perform: Callable[..., Intervention]) -> HttpResponse | None:
         """Like delete_selected: a confirmation page with a required note, then one service call per run."""
-        runs = list(queryset.prefetch_related("attempts"))
+        runs = list(queryset.with_attempts())
         form = NoteForm(request.POST if request.POST.get("post") else None)
         if form.is_valid():
             done = []
@@ -578,7 +578,7 @@ class EscalationAdmin(admin.ModelAdmin):
                      ) -> dict[str, Any]:
         run = escalation.run
         rows = list(RunStep.objects.of_run(run.run_id))
-        boundary = services.boundary_of(run, attempts=[r.to_attempt() for r in rows])
+        boundary = services.boundary_of(run, rows)
         decision = getattr(escalation, "decision", None)
         policy = services.step_policy(run, escalation.step)
         return {

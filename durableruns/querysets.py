@@ -30,6 +30,10 @@ class RunStateQuerySet(models.QuerySet):
     def needing_decision(self) -> RunStateQuerySet:
         return self.filter(status="needs_decision")
 
+    def with_attempts(self) -> RunStateQuerySet:
+        """Runs with all their attempts in one extra query: what each run's boundary and sentence need."""
+        return self.prefetch_related("attempts")
+
     def newest_first(self) -> RunStateQuerySet:
         return self.order_by("-created_at")
 

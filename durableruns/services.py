@@ -6,7 +6,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from durableruns import conf, store
 from durableruns.boundary import Boundary, compute_boundary
-from durableruns.engine import Engine, RunOutcome, load_attempts
+from durableruns.engine import Engine, RunOutcome
 from durableruns.errors import (
     EscalationNotFound,
     InvalidDecision,
@@ -26,7 +26,7 @@ from durableruns.errors import (
     RunNotFound,
     UnknownWorkflow,
 )
-from durableruns.models import Escalation, Intervention, RunState, RunStatus
+from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
 from durableruns.registry import get_workflow
 
@@ -63,9 +63,10 @@ def plan_of(run: RunState) -> tuple[str, ...] | None:
         return None
 
 
-def boundary_of(run: RunState, attempts: list | None = None) -> Boundary:
-    """The run's boundary with its status; for an unknown workflow, the steps in the order they were attempted."""
-    attempts = load_attempts(run.run_id) if attempts is None else attempts
+def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundary:
+    """The run's boundary with its status, from `rows` or the run's attempts (prefetched ones cost nothing);
+    for an unknown workflow, the steps in the order they were attempted."""
+    attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
     plan = plan_of(run)
     if plan is None:
         plan = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))

@@ -196,9 +196,14 @@ def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None
 
 
 def renew(lease: Lease, *, now: datetime) -> None:
-    """Extend the lease; FencedOut if another worker took the run."""
-    with transaction.atomic(durable=True):
-        _fence(lease, now)
+    """Extend the lease; FencedOut if another worker took the run.
+
+    A single statement in autocommit, never an open transaction: a worker paused between BEGIN and COMMIT
+    would hold the run's row lock, and nobody could take the run over.
+    """
+    if connection.in_atomic_block:
+        raise RuntimeError("renew the lease outside atomic()")
+    _fence(lease, now)
 
 
 def record_intent(lease: Lease, intent: Intent, *, now: datetime) -> None:

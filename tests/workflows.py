@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +35,10 @@ def prepare(ctx: Any) -> dict[str, Any]:
         systems().email.send(to="loop@test", subject=f"{ctx.run_id}:line", body=str(line))
         priced.append(line)
         time.sleep(float(os.environ.get("TEST_LINE_SECONDS", 0)))
+        mark = os.environ.get("TEST_MARK_AT_LINE_15")
+        if mark and line == 15 and ctx.attempt == 1:
+            Path(mark).touch()  # the test pauses the worker here: outside any far call or transaction
+            time.sleep(3)
     return {"total": sum(priced) + ctx.input.get("extra", 0), "lines": len(priced)}
 
 

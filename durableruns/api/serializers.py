@@ -86,7 +86,7 @@ def _boundary(serializer: serializers.Field, run: RunState) -> Boundary:
     """The run's boundary from its prefetched attempts, computed once per run per response."""
     cache: dict[str, Boundary] = serializer.context.setdefault("boundaries", {})
     if run.run_id not in cache:
-        cache[run.run_id] = services.boundary_of(run, attempts=[a.to_attempt() for a in run.attempts.all()])
+        cache[run.run_id] = services.boundary_of(run)
     return cache[run.run_id]
 
 

@@ -77,7 +77,7 @@ def parse(serializer_class: type[s.serializers.Serializer], data: Any) -> dict[s
 
 def runs_with_attempts() -> RunStateQuerySet:
     """Runs with their attempts in one extra query: what a sentence needs."""
-    return RunState.objects.prefetch_related("attempts")
+    return RunState.objects.with_attempts()
 
 
 def runs_in_full() -> RunStateQuerySet:

@@ -40,11 +40,11 @@ def test_two_workers_racing_never_execute_a_step_twice(far, workers):
     assert owners <= {"w1", "w2"}
 
 
-def test_a_worker_paused_past_its_lease_has_its_writes_refused(far, workers):
+def test_a_worker_paused_past_its_lease_has_its_writes_refused(far, workers, tmp_path):
     run_id = make_run("order")
-    slow = dict(FAST, TEST_LINE_SECONDS="0.05")  # prepare takes 3 s, checkpointing every 10 lines
-    paused = workers.start("--lease", "1", "--worker", "paused", **slow)
-    wait_until(lambda: RunStep.objects.filter(run_id=run_id, step="prepare").exists(), what="prepare to start")
+    mark = tmp_path / "at-line-15"
+    paused = workers.start("--lease", "1", "--worker", "paused", TEST_MARK_AT_LINE_15=str(mark), **FAST)
+    wait_until(mark.exists, what="the worker to reach line 15 of prepare")
     paused.send_signal(signal.SIGSTOP)
     time.sleep(1.5)  # past the lease; its heartbeat is frozen too
     taker = workers.run("--lease", "30", "--worker", "taker", **FAST)
