@@ -145,6 +145,7 @@ class Escalation(models.Model):
 
     class Meta:
         db_table = "run_escalation"
+        verbose_name_plural = "escalation queue"
         ordering = ["opened_at"]
         permissions = [("decide_escalation", "Can decide escalated steps")]
         constraints = [

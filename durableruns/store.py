@@ -401,8 +401,16 @@ def record_staff_action(
     attempt: int | None = None,
     now: datetime,
 ) -> Intervention:
-    """Cancel or retry a run: the staff act and the status change in one commit; the epoch bump fences its worker."""
+    """Cancel or retry a run: the staff act and the status change in one commit; the epoch bump fences its worker.
+
+    A cancel also closes the run's open escalation, if any, so the queue does not keep asking about a run
+    nobody will resume. Locks are taken escalation first, then run, the order record_decision uses.
+    """
     with transaction.atomic(durable=True):
+        pending = None
+        if action == Intervention.Action.CANCEL:
+            pending = (Escalation.objects.select_for_update(of=("self",))
+                       .filter(run_id=run_id, decision__isnull=True).first())
         run = RunState.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
             raise RunNotFound(run_id=run_id)
@@ -414,7 +422,13 @@ def record_staff_action(
             status=new_status, epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None, updated_at=now,
             reason=f"{action} by {decided_by}: {note}",
         )
-        return Intervention.objects.create(
-            run_id=run_id, step=step, attempt=attempt, action=action, decided_by=decided_by,
-            user_id=user_id, decided_at=now, note=note,
-        )
+        fields: dict[str, Any] = {"run_id": run_id, "step": step, "attempt": attempt, "action": action,
+                                  "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": note}
+        if pending is not None:
+            try:
+                with transaction.atomic():  # a decision may have won the escalation meanwhile
+                    return Intervention.objects.create(escalation=pending, **dict(
+                        fields, step=pending.step, attempt=pending.attempt))
+            except IntegrityError:
+                pass
+        return Intervention.objects.create(**fields)

@@ -170,6 +170,6 @@ def test_a_run_cancelled_meanwhile_is_a_409_and_nothing_is_recorded(client_for, 
     services.cancel_run(escalation.run_id, by="ops", note="customer withdrew")
     before = counts()
     response = decide(client_for(decider), escalation.pk, outcome="happened", note="n")
-    assert response.status_code == 409 and response.json()["code"] == "run_not_actionable"
-    assert "cancelled" in response.json()["detail"]
-    assert counts() == before and Escalation.objects.open().count() == 1
+    assert response.status_code == 409 and response.json()["code"] == "already_decided"
+    assert "already decided by ops" in response.json()["detail"]  # the cancel closed the escalation
+    assert counts() == before and Escalation.objects.open().count() == 0

@@ -374,3 +374,17 @@ def test_text_jsonb_cannot_store_is_refused_before_the_database(bad):
     with pytest.raises(InvalidInput):
         durableruns.start("scripted", {"note": bad})
     assert RunState.objects.count() == 0
+
+
+def test_cancelling_a_run_closes_its_open_escalation():
+    run_id = make_run()
+    complete(run_id, "first", {})
+    complete(run_id, "second", {})
+    crash_after_intent(run_id, "third", cursor=2)
+    services.resume_due()
+    services.cancel_run(run_id, by="ops", note="buyer withdrew the order")
+    assert not Escalation.objects.open().exists()
+    closed = Escalation.objects.decided().get()
+    assert (closed.decision.action, closed.decision.decided_by) == ("cancel", "ops")
+    with pytest.raises(AlreadyDecided, match="already decided by ops"):
+        durableruns.decide(run_id, "third", "happened", by="alice", note="too late")
