@@ -1,0 +1,199 @@
+"""The crash matrix: a real worker process SIGKILLed at every point of the step cycle, for every policy.
+
+For each step of the purchase order under test (quote: re_executable; credit_check, charge, place_order,
+book_shipment: resolvable; notify_buyer: escalate) one run per kill point is started and a worker working only
+that run is armed to die there (DURABLERUNS_CRASH_AT), all at once. The probe log proves each died exactly
+where it was armed. Then one resume_runs worker settles every run, staff decide the escalations the way the
+step's docstring says (look in the outbox), and the record and the far systems' ledgers are checked:
+
+- nothing is lost: every run completes; each step has one completed attempt and only the step that was in
+  doubt has more than one attempt, exactly as its policy prescribes;
+- nothing is done twice: one effect per key at the portal, the payment provider, the carrier and the credit
+  vendor (which does not deduplicate: we did), and one email per run;
+- a loop redoes at most `every` items, counted item by item by the probe.
+
+A kill "before_intent" of a step lands after the previous step returned and before their shared commit, so the
+step in doubt is the previous one; the cases below say which step each kill leaves in doubt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durableruns
+from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
+from project.purchasing.far import FarSystems
+from tests.conftest import Workers
+from tests.faults.conftest import Report
+from tests.faults.support import (
+    LOOP_EVERY,
+    PLAN,
+    PO_ENV,
+    POLICY,
+    SYSTEM_OF,
+    Probe,
+    duplicates,
+    ledger_view,
+    matches_ledger,
+    reference,
+    settle,
+    start_purchase,
+    total_effects,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.slow]
+
+LINES = 240  # the quote step's 240 line items, checkpointed every 25
+CYCLE = ("before_intent", "after_intent", "after_effect", "after_return")
+POINTS: dict[str, tuple[str, ...]] = {
+    # quote has no far effect; its loop is killed between checkpoints instead (never at a multiple of 25)
+    "quote": ("before_intent", "after_intent", "loop:7", "loop:173", "loop:239", "after_return"),
+    "credit_check": CYCLE,
+    "charge": CYCLE,
+    "place_order": CYCLE,
+    "book_shipment": CYCLE,
+    "notify_buyer": CYCLE,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kill: the step and point armed, and what the record holds in doubt afterwards."""
+
+    n: int
+    step: str
+    point: str
+
+    @property
+    def run_id(self) -> str:
+        return f"PO-matrix-{self.step}-{self.point.replace(':', '')}"
+
+    @property
+    def in_doubt(self) -> str:
+        """The step a kill here leaves in doubt: before_intent is before the previous step's result commit."""
+        return PLAN[PLAN.index(self.step) - 1] if self.point == "before_intent" else self.step
+
+    @property
+    def effect_happened(self) -> bool:
+        """Whether the in-doubt step had already acted at the far system when the worker died."""
+        return self.point in ("before_intent", "after_effect", "after_return")
+
+    def quote_items_at_kill(self) -> int:
+        """Quote items the killed worker had finished."""
+        if self.point.startswith("loop:"):
+            return int(self.point.split(":")[1])
+        if self.step == "quote":
+            return LINES if self.point == "after_return" else 0
+        return LINES if PLAN.index(self.step) > PLAN.index("quote") else 0
+
+    def expected_redo(self) -> int:
+        """Items the resume must price again: those after the last checkpoint (a quote in doubt only)."""
+        if self.in_doubt != "quote":
+            return 0
+        items = self.quote_items_at_kill()
+        checkpoint = min(items // LOOP_EVERY * LOOP_EVERY, (LINES - 1) // LOOP_EVERY * LOOP_EVERY)
+        return items - checkpoint
+
+
+def attempts(run_id: str, step: str) -> list[tuple[int, str, str]]:
+    rows = RunStep.objects.filter(run_id=run_id, step=step).order_by("attempt")
+    return list(rows.values_list("attempt", "status", "resolution"))
+
+
+def outbox(far: FarSystems, run_n: int) -> list[dict[str, Any]]:
+    subject = f"{reference(run_n)} has shipped"
+    return [e for e in far.email.effects() if e["payload"]["subject"] == subject]
+
+
+@pytest.mark.parametrize("step", list(POINTS), ids=[f"{POLICY[s]}-{s}" for s in POINTS])
+def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
+    step: str, far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
+) -> None:
+    base = 100 + 10 * list(POINTS).index(step)
+    cases = [Case(n=base + i, step=step, point=point) for i, point in enumerate(POINTS[step])]
+    for case in cases:
+        start_purchase(case.run_id, case.n, lines=LINES)
+    probe = Probe(tmp_path / "probe.log")
+    env = dict(PO_ENV, **probe.env())
+
+    # 1. One worker per run, all at once, each armed to die at its point.
+    crashers = {
+        case: workers.start("--run", case.run_id, "--lease", "1", "--worker", f"doomed-{case.point}",
+                            DURABLERUNS_CRASH_AT=f"{case.step}@{case.point}", **env)
+        for case in cases
+    }
+    for case, proc in crashers.items():
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == -9, f"{case}: the worker was not killed (exit {proc.returncode}):\n{out}{err}"
+        assert probe.last_point(proc.pid) == (case.point, case.step), f"{case}: died elsewhere"
+
+    # 2. What the record says after the kill: exactly the expected step in doubt; the far system agrees.
+    for case in cases:
+        b = durableruns.boundary(case.run_id)
+        assert b.in_doubt == [case.in_doubt], f"{case}: {b}"
+        assert b.done == list(PLAN[: PLAN.index(case.in_doubt)]), f"{case}: {b}"
+        if case.in_doubt in SYSTEM_OF:
+            effects = getattr(far, SYSTEM_OF[case.in_doubt]).effects(f"{case.run_id}:{case.in_doubt}")
+            assert len(effects) == int(case.effect_happened), f"{case}: {effects}"
+
+    # 3. Resume until every run completed or waits for a person.
+    settle(workers, [c.run_id for c in cases], env, folder=tmp_path)
+    for case in cases:
+        run = RunState.objects.get(pk=case.run_id)
+        if case.in_doubt == "notify_buyer":
+            assert run.status == RunStatus.NEEDS_DECISION, f"{case}: {run.status} {run.reason}"
+            escalation = Escalation.objects.open().get(run_id=case.run_id)
+            assert (escalation.step, escalation.attempt) == ("notify_buyer", 1)
+            assert len(outbox(far, case.n)) == int(case.effect_happened), f"{case}: the escalation held the email"
+        else:
+            assert run.status == RunStatus.COMPLETED, f"{case}: {run.status} {run.reason}"
+
+    # 4. A person decides each escalation by looking in the sender's outbox (the step's docstring), then resume.
+    number = {case.run_id: case.n for case in cases}
+    for escalation in Escalation.objects.open():
+        sent = outbox(far, number[escalation.run_id])
+        if sent:
+            message = sent[0]
+            durableruns.decide(escalation.run_id, "notify_buyer", "happened", by="alice", note="it is in the outbox",
+                               result={"message_id": f"msg_{message['id']}", **message["payload"]})
+        else:
+            durableruns.decide(escalation.run_id, "notify_buyer", "did_not_happen", by="alice",
+                               note="no message in the outbox")
+    if Intervention.objects.exists():
+        settle(workers, [c.run_id for c in cases], env, folder=tmp_path)
+
+    # 5. Nothing lost, nothing twice, and each in-doubt step settled exactly as its policy prescribes.
+    for case in cases:
+        assert RunState.objects.get(pk=case.run_id).status == RunStatus.COMPLETED, case
+        for name in PLAN:
+            rows = attempts(case.run_id, name)
+            if name != case.in_doubt:
+                assert [(a, s) for a, s, _ in rows] == [(1, "completed")], f"{case}: {name} ran again: {rows}"
+                continue
+            policy = POLICY[name]
+            if policy == "re_executable" or not case.effect_happened:
+                assert [(a, s) for a, s, _ in rows] == [(1, "started"), (2, "completed")], f"{case}: {rows}"
+            elif policy == "resolvable":
+                assert rows == [(1, "completed", "lookup")], f"{case}: {rows}"
+            else:
+                assert rows == [(1, "completed", "decision")], f"{case}: {rows}"
+        keys = RunStep.objects.filter(run_id=case.run_id).values_list("step", "effect_key").distinct()
+        assert all(key == f"{case.run_id}:{name}" for name, key in keys), f"{case}: keys changed: {list(keys)}"
+        for name in SYSTEM_OF:
+            key = f"{case.run_id}:{name}"
+            assert len(getattr(far, SYSTEM_OF[name]).effects(key)) == 1, f"{case}: {name} effects under {key}"
+            result = RunStep.objects.get(run_id=case.run_id, step=name, status="completed").result
+            assert matches_ledger(name, result, ledger_view(far, name, key)), f"{case}: {name} disagrees"
+        assert len(outbox(far, case.n)) == 1, f"{case}: emails sent"
+        priced = probe.loop_items(case.run_id)
+        assert priced - LINES == case.expected_redo() <= LOOP_EVERY, f"{case}: priced {priced} items"
+
+    assert duplicates(far) == {}
+    assert far.email.count() == len(cases)
+    assert Escalation.objects.open().count() == 0
+    fault_report("crash matrix", {"cases": len(cases), "kills": len(crashers), "runs": len(cases),
+                                  "effects": total_effects(far), "duplicates": sum(map(len, duplicates(far).values()))})

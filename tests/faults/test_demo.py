@@ -1,0 +1,75 @@
+"""The demo runs in CI: `manage.py demo` on a SQLite file of its own, checked against what it prints and against
+the record and the far systems' ledgers it leaves behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project.purchasing.far import systems
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+RUN_IDS = [f"PO-2026-{n:04d}" for n in range(41, 46)]
+
+
+def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_demo_kills_resumes_and_ends_with_no_duplicates_while_the_naive_resume_has_some(tmp_path: Path) -> None:
+    database = tmp_path / "demo.sqlite3"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DURABLERUNS_", "FAR_", "PURCHASING_"))}
+    env.update(DATABASE_URL=f"sqlite:///{database}", FAR_DIR=str(tmp_path / "far"),
+               DJANGO_SETTINGS_MODULE="project.settings")
+    migrated = manage("migrate", "--skip-checks", "-v0", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+
+    demo = manage("demo", env=env)
+    out = demo.stdout
+    assert demo.returncode == 0, out + demo.stderr
+    assert "Traceback" not in out + demo.stderr and demo.stderr == "", demo.stderr
+
+    # The kills, and the sentences read off the record right after them.
+    assert "PO-2026-0041: killed by the demo while pricing its 240 lines" in out
+    assert "PO-2026-0043: died just after the supplier portal accepted the order" in out
+    assert re.search(r"PO-2026-0041  1 step complete, quote in doubt since \d\d:\d\d, 6 steps remaining", out)
+    assert re.search(r"PO-2026-0044  6 steps complete, notify_buyer in doubt since", out)
+
+    # The resume, by resume_runs' own lines; every run completed or in the escalation queue.
+    assert "3. Resume: manage.py resume_runs" in out and "PO-2026-0043: completed - all 7 steps complete" in out
+    assert "PO-2026-0044: needs_decision - notify_buyer is in doubt" in out
+    section = out.split("Where every run ended:\n", 1)[1].split("\n\n", 1)[0]
+    ended = dict(re.findall(r"^   (PO-2026-\d{4})  (\w+) ", section, re.M))
+    assert ended == {**{r: "completed" for r in RUN_IDS}, "PO-2026-0044": "needs_decision"}, ended
+    assert "The escalation queue (1 waiting for a person)" in out
+
+    # The counts it prints: none for durableruns, some for the naive resume.
+    assert "   duplicates: 0" in out
+    naive = re.search(r"naive resume \(search, then submit\) +(\d+) +(\d+)", out)
+    ours = re.search(r"durableruns \(look up by our own key\) +(\d+) +(\d+)", out)
+    assert naive and ours, out
+    assert int(naive.group(2)) > 0 and int(naive.group(1)) == 3 + int(naive.group(2))
+    assert (int(ours.group(1)), int(ours.group(2))) == (3, 0)
+
+    # What it left behind says the same: the record...
+    with sqlite3.connect(database) as db:
+        status = dict(db.execute("SELECT run_id, status FROM run_state"))
+        open_escalations = db.execute("SELECT run_id, step FROM run_escalation").fetchall()
+    assert status == {**{r: "completed" for r in RUN_IDS + ["PO-2026-0046", "PO-2026-0047", "PO-2026-0048"]},
+                      "PO-2026-0044": "needs_decision"}
+    assert open_escalations == [("PO-2026-0044", "notify_buyer")]
+    # ...and the ledgers: one effect per key for durableruns, duplicate orders at the naive portal.
+    far = systems(directory=tmp_path / "far")
+    for name in ("portal", "credit", "payments", "carrier"):
+        assert getattr(far, name).duplicates() == {}, name
+        assert len(getattr(far, name).counts_by_key()) == 8, name
+    assert systems(directory=tmp_path / "far" / "naive").portal.duplicates() != {}
