@@ -16,20 +16,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import psycopg
-from psycopg import sql
 
-from bench.stats import measure, rounded
+from bench.pg import Databases, conninfo, database_url, recreate_database
+from bench.stats import Workload, measure, rounded
 
 if TYPE_CHECKING:
     from dbos import DBOSConfig
-
-HOST = "127.0.0.1"
-PORT = 5432
-USER = "postgres"
 
 APP_NAME = "durableruns-bench"
 # Fixed so the recovering process (whose step 5 no longer blocks) has the same
@@ -38,8 +36,8 @@ APP_NAME = "durableruns-bench"
 APP_VERSION = "bench-1"
 EXECUTOR_ID = "local"
 
-STEPS_DB = "dbos_bench_sys"
-RECOVERY_DB = "dbos_bench_recovery_sys"
+STEPS_DB = Databases().dbos_steps
+RECOVERY_DB = Databases().dbos_recovery
 
 STEPS_PER_WORKFLOW = 9
 BLOCK_AFTER = 4  # the recovery workflows block in step 5, after 4 recorded steps
@@ -48,21 +46,6 @@ STEP_NAMES = [f"bench_step_{i}" for i in range(1, STEPS_PER_WORKFLOW + 1)]
 
 RESULT_MARKER = "DBOS_BENCH_RESULT "
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def conninfo(dbname: str) -> str:
-    return f"host={HOST} port={PORT} user={USER} dbname={dbname}"
-
-
-def database_url(dbname: str) -> str:
-    return f"postgresql://{USER}@{HOST}:{PORT}/{dbname}"
-
-
-def recreate_database(dbname: str) -> None:
-    """Drop (terminating any sessions) and create ``dbname`` so every run starts empty."""
-    with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
 
 
 def dbos_config(dbname: str) -> DBOSConfig:
@@ -142,25 +125,41 @@ def destroy() -> None:
 # --- (a) per-step latency ------------------------------------------------------
 
 
-def measure_steps(*, repeat: int = 10, workflows_per_rep: int = 50, warmup: int = 1) -> dict[str, Any]:
+@contextmanager
+def steps_session(dbname: str = STEPS_DB) -> Iterator[Callable[..., Workload]]:
+    """DBOS launched in this process on a freshly recreated ``dbname``; yields a factory of workloads.
+
+    ``factory(n)`` is a workload running ``n`` 9-step workflows one after another, with ``ops`` counting
+    steps (so its samples are ms per step). DBOS is destroyed on exit.
+    """
+    recreate_database(dbname)
+    launch(dbname)
+    try:
+        wf = workflows().workflow
+
+        def factory(n: int, name: str = "dbos") -> Workload:
+            def work(_prepared: None) -> None:
+                for _ in range(n):
+                    wf()
+
+            return Workload(name=name, run=work, ops=n * STEPS_PER_WORKFLOW)
+
+        yield factory
+    finally:
+        destroy()
+
+
+def measure_steps(*, repeat: int = 10, workflows_per_rep: int = 50, warmup: int = 1,
+                  dbname: str = STEPS_DB) -> dict[str, Any]:
     """ms per step (workflow wall time / 9) and ms per workflow, workflows run one after another.
 
     Launches DBOS in this process on a freshly recreated system database and
     destroys it before returning.
     """
-    recreate_database(STEPS_DB)
-    launch(STEPS_DB)
-    try:
-        wf = workflows().workflow
-
-        def work() -> None:
-            for _ in range(workflows_per_rep):
-                wf()
-
-        per_workflow = measure(work, repeat=repeat, warmup=warmup, ops=workflows_per_rep)
-    finally:
-        destroy()
-    per_step = {k: (v / STEPS_PER_WORKFLOW if k != "n" else v) for k, v in per_workflow.items()}
+    with steps_session(dbname) as factory:
+        w = factory(workflows_per_rep)
+        per_step = measure(w.run, repeat=repeat, warmup=warmup, ops=w.ops, setup=w.setup)
+    per_workflow = {k: (v * STEPS_PER_WORKFLOW if k != "n" else v) for k, v in per_step.items()}
     return {
         "ms_per_step": per_step,
         "ms_per_workflow": per_workflow,
@@ -192,32 +191,32 @@ def _count_status(conn: psycopg.Connection[Any], status: str) -> int:
     return int(row[0]) if row is not None else 0
 
 
-def _child_command(phase: str, n: int) -> list[str]:
+def _child_command(phase: str, n: int, dbname: str) -> list[str]:
     code = "import sys; from bench.dbos_baseline import child_main; child_main(sys.argv[1:])"
-    return [sys.executable, "-c", code, phase, str(n)]
+    return [sys.executable, "-c", code, phase, str(n), dbname]
 
 
-def _crash_phase(n: int) -> None:
+def _crash_phase(n: int, dbname: str) -> None:
     """Child process: start ``n`` workflows that block in step 5, then wait to be killed."""
     from dbos import DBOS
 
     wfs = workflows()
     wfs.block_step5 = threading.Event()  # never set: step 5 blocks until SIGKILL
-    launch(RECOVERY_DB)
+    launch(dbname)
     for _ in range(n):
         DBOS.start_workflow(wfs.workflow)
     threading.Event().wait()
 
 
-def _recover_phase(n: int, timeout: float) -> None:
+def _recover_phase(n: int, dbname: str, timeout: float) -> None:
     """Child process: launch DBOS (which recovers the PENDING workflows) and time until all succeed."""
     workflows()  # import dbos and register the workflow before the clock starts
     t0 = time.perf_counter()
-    launch(RECOVERY_DB)
+    launch(dbname)
     t_launched = time.perf_counter()
     done = 0
     deadline = t0 + timeout
-    with psycopg.connect(conninfo(RECOVERY_DB), autocommit=True) as conn:
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
         while True:
             done = _count_status(conn, "SUCCESS")
             if done >= n or time.perf_counter() > deadline:
@@ -237,17 +236,18 @@ def _recover_phase(n: int, timeout: float) -> None:
 
 
 def child_main(argv: list[str]) -> None:
-    """Entry point of the recovery benchmark's child processes: ``crash N`` or ``recover N``."""
-    phase, n = argv[0], int(argv[1])
+    """Entry point of the recovery benchmark's child processes: ``crash N DB`` or ``recover N DB [TIMEOUT]``."""
+    phase, n, dbname = argv[0], int(argv[1]), argv[2]
     if phase == "crash":
-        _crash_phase(n)
+        _crash_phase(n, dbname)
     elif phase == "recover":
-        _recover_phase(n, timeout=float(argv[2]) if len(argv) > 2 else 600.0)
+        _recover_phase(n, dbname, timeout=float(argv[3]) if len(argv) > 3 else 600.0)
     else:
         raise SystemExit(f"unknown phase {phase!r}")
 
 
-def measure_recovery(*, workflows_count: int = 1000, timeout: float = 600.0) -> dict[str, Any]:
+def measure_recovery(*, workflows_count: int = 1000, timeout: float = 600.0, dbname: str = RECOVERY_DB
+                     ) -> dict[str, Any]:
     """Seconds for a fresh DBOS process to recover and finish ``workflows_count`` workflows.
 
     A child process starts the workflows; each blocks in step 5 after 4 recorded
@@ -259,12 +259,12 @@ def measure_recovery(*, workflows_count: int = 1000, timeout: float = 600.0) -> 
     ``recovered_steps_per_s`` counts the 5 remaining steps (5..9) per workflow.
     """
     n = workflows_count
-    recreate_database(RECOVERY_DB)
+    recreate_database(dbname)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
 
     t_crash0 = time.perf_counter()
-    crash = subprocess.Popen(_child_command("crash", n), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL)
+    crash = subprocess.Popen(_child_command("crash", n, dbname), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL)
     try:
         # The system schema only exists once the child has launched DBOS.
         reached = 0
@@ -275,7 +275,7 @@ def measure_recovery(*, workflows_count: int = 1000, timeout: float = 600.0) -> 
             if time.perf_counter() > deadline:
                 raise TimeoutError(f"only {reached}/{n} workflows reached step {BLOCK_AFTER}")
             try:
-                with psycopg.connect(conninfo(RECOVERY_DB), autocommit=True) as conn:
+                with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
                     reached = _count_after_step(conn, STEP_NAMES[BLOCK_AFTER - 1])
             except psycopg.errors.UndefinedTable:
                 reached = 0
@@ -285,14 +285,14 @@ def measure_recovery(*, workflows_count: int = 1000, timeout: float = 600.0) -> 
         crash.send_signal(signal.SIGKILL)
         crash.wait()
 
-    with psycopg.connect(conninfo(RECOVERY_DB), autocommit=True) as conn:
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
         pending = _count_status(conn, "PENDING")
         beyond = _count_after_step(conn, STEP_NAMES[BLOCK_AFTER])
     if pending != n or beyond != 0:
         raise RuntimeError(f"after SIGKILL: {pending} PENDING (want {n}), {beyond} past step {BLOCK_AFTER} (want 0)")
 
     recover = subprocess.run(
-        _child_command("recover", n) + [str(timeout)],
+        _child_command("recover", n, dbname) + [str(timeout)],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -305,7 +305,7 @@ def measure_recovery(*, workflows_count: int = 1000, timeout: float = 600.0) -> 
         raise RuntimeError(f"recovering process printed no result: {recover.stdout!r}")
     child = json.loads(lines[-1][len(RESULT_MARKER):])
 
-    with psycopg.connect(conninfo(RECOVERY_DB), autocommit=True) as conn:
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
         succeeded = _count_status(conn, "SUCCESS")
         step9 = _count_after_step(conn, STEP_NAMES[-1])
     if succeeded != n or step9 != n:

@@ -14,14 +14,11 @@ import uuid
 from typing import Any, Optional
 
 import psycopg
-from psycopg import sql
 
-from bench.stats import Summary, measure, ratio, rounded
+from bench.pg import Databases, conninfo, ensure_database
+from bench.stats import Summary, Workload, measure, ratio, rounded
 
-HOST = "127.0.0.1"
-PORT = 5432
-USER = "postgres"
-BENCH_DB = "durableruns_bench"
+BENCH_DB = Databases().floor
 
 OWNER = "bench-worker-1"
 EPOCH = 1
@@ -105,18 +102,6 @@ class FencedOut(Exception):
     """A fenced write matched no run_state row: this worker's epoch is stale."""
 
 
-def conninfo(dbname: str) -> str:
-    return f"host={HOST} port={PORT} user={USER} dbname={dbname}"
-
-
-def ensure_database(dbname: str = BENCH_DB) -> None:
-    """Create ``dbname`` on the local server if it does not exist."""
-    with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
-        if exists is None:
-            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-
-
 def connect(dbname: str = BENCH_DB) -> psycopg.Connection[Any]:
     """An autocommit connection configured the way Django 5.2's psycopg 3 backend configures one.
 
@@ -124,6 +109,7 @@ def connect(dbname: str = BENCH_DB) -> psycopg.Connection[Any]:
     ``server_side_binding`` is set, ``prepare_threshold=None`` and sets the
     session time zone to UTC when it differs.
     """
+    ensure_database(dbname)
     conn = psycopg.connect(
         conninfo(dbname),
         autocommit=True,
@@ -171,22 +157,27 @@ def result_json(index: int) -> str:
 # --- (a) one small committed transaction --------------------------------------
 
 
-def measure_commit(*, repeat: int = 10, commits: int = 200, warmup: int = 1) -> Summary:
+def commit_workload(conn: psycopg.Connection[Any], *, commits: int = 200, name: str = "floor_commit") -> Workload:
+    """``commits`` autocommitted single-row UPDATEs (one commit each) on a fresh run row."""
+
+    def setup() -> str:
+        return create_runs(conn, new_run_ids(1))[0]
+
+    def work(run_id: str) -> None:
+        for _ in range(commits):
+            cur = conn.execute(COMMIT_SQL, (run_id,))
+            if cur.rowcount != 1:
+                raise RuntimeError("commit floor UPDATE matched no row")
+
+    return Workload(name=name, run=work, ops=commits, setup=setup)
+
+
+def measure_commit(*, repeat: int = 10, commits: int = 200, warmup: int = 1, dbname: str = BENCH_DB) -> Summary:
     """Milliseconds per autocommitted single-row UPDATE (one commit each), ``commits`` per repetition."""
-    ensure_database()
-    with connect() as conn:
+    with connect(dbname) as conn:
         reset_tables(conn)
-
-        def setup() -> str:
-            return create_runs(conn, new_run_ids(1))[0]
-
-        def work(run_id: str) -> None:
-            for _ in range(commits):
-                cur = conn.execute(COMMIT_SQL, (run_id,))
-                if cur.rowcount != 1:
-                    raise RuntimeError("commit floor UPDATE matched no row")
-
-        return measure(work, repeat=repeat, warmup=warmup, ops=commits, setup=setup)
+        w = commit_workload(conn, commits=commits)
+        return measure(w.run, repeat=repeat, warmup=warmup, ops=w.ops, setup=w.setup)
 
 
 # --- (b) two commits per step ------------------------------------------------
@@ -206,23 +197,29 @@ def two_commit_step(conn: psycopg.Connection[Any], run_id: str, index: int, *, e
             raise RuntimeError(f"step {run_id}/{step} was not in 'started'")
 
 
+def two_commit_workload(conn: psycopg.Connection[Any], *, runs: int = 20, steps: int = 9,
+                        name: str = "floor_two_commit_step") -> Workload:
+    """``runs`` fresh runs of ``steps`` steps, each step's bookkeeping as two commits."""
+
+    def setup() -> list[str]:
+        return create_runs(conn, new_run_ids(runs))
+
+    def work(run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            for index in range(1, steps + 1):
+                two_commit_step(conn, run_id, index)
+
+    return Workload(name=name, run=work, ops=runs * steps, setup=setup)
+
+
 def measure_two_commit_step(
-    *, repeat: int = 10, runs: int = 20, steps: int = 9, warmup: int = 1
+    *, repeat: int = 10, runs: int = 20, steps: int = 9, warmup: int = 1, dbname: str = BENCH_DB
 ) -> Summary:
     """Milliseconds per step with two commits per step; ``runs`` fresh runs of ``steps`` steps per repetition."""
-    ensure_database()
-    with connect() as conn:
+    with connect(dbname) as conn:
         reset_tables(conn)
-
-        def setup() -> list[str]:
-            return create_runs(conn, new_run_ids(runs))
-
-        def work(run_ids: list[str]) -> None:
-            for run_id in run_ids:
-                for index in range(1, steps + 1):
-                    two_commit_step(conn, run_id, index)
-
-        return measure(work, repeat=repeat, warmup=warmup, ops=runs * steps, setup=setup)
+        w = two_commit_workload(conn, runs=runs, steps=steps)
+        return measure(w.run, repeat=repeat, warmup=warmup, ops=w.ops, setup=w.setup)
 
 
 # --- (c) one statement (one commit) per step -----------------------------------
@@ -271,22 +268,28 @@ def one_statement_run(conn: psycopg.Connection[Any], run_id: str, steps: int, *,
             raise RuntimeError(f"unexpected row counts {got} for {run_id} step {index}")
 
 
+def one_statement_workload(conn: psycopg.Connection[Any], *, runs: int = 20, steps: int = 9,
+                           name: str = "floor_one_statement_step") -> Workload:
+    """``runs`` fresh runs of ``steps`` steps, one fenced statement per step plus each run's first intent."""
+
+    def setup() -> list[str]:
+        return create_runs(conn, new_run_ids(runs))
+
+    def work(run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            one_statement_run(conn, run_id, steps)
+
+    return Workload(name=name, run=work, ops=runs * steps, setup=setup)
+
+
 def measure_one_statement_step(
-    *, repeat: int = 10, runs: int = 20, steps: int = 9, warmup: int = 1
+    *, repeat: int = 10, runs: int = 20, steps: int = 9, warmup: int = 1, dbname: str = BENCH_DB
 ) -> Summary:
     """Milliseconds per step with one fenced statement per step (plus each run's first intent, included)."""
-    ensure_database()
-    with connect() as conn:
+    with connect(dbname) as conn:
         reset_tables(conn)
-
-        def setup() -> list[str]:
-            return create_runs(conn, new_run_ids(runs))
-
-        def work(run_ids: list[str]) -> None:
-            for run_id in run_ids:
-                one_statement_run(conn, run_id, steps)
-
-        return measure(work, repeat=repeat, warmup=warmup, ops=runs * steps, setup=setup)
+        w = one_statement_workload(conn, runs=runs, steps=steps)
+        return measure(w.run, repeat=repeat, warmup=warmup, ops=w.ops, setup=w.setup)
 
 
 # --- self-check ----------------------------------------------------------------
@@ -308,14 +311,13 @@ def _snapshot(conn: psycopg.Connection[Any], run_id: str) -> tuple[Any, list[Any
     return state, steps
 
 
-def selfcheck() -> dict[str, float]:
+def selfcheck(dbname: str = BENCH_DB) -> dict[str, float]:
     """Check both bookkeeping paths write what they should and that a stale epoch writes nothing.
 
     Raises AssertionError on failure; returns the number of checks passed.
     """
-    ensure_database()
     checks = 0
-    with connect() as conn:
+    with connect(dbname) as conn:
         conn.execute(DDL)
         run_id = create_runs(conn, new_run_ids(1), epoch=2)[0]
         try:

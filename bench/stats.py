@@ -11,9 +11,33 @@ import argparse
 import json
 import math
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 Summary = dict[str, float]
+T = TypeVar("T")
+
+
+def _no_setup() -> None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One thing to time: ``run(prepared)`` performs ``ops`` operations on what ``setup()`` returned (untimed)."""
+
+    name: str
+    run: Callable[[Any], Any]
+    ops: int = 1
+    setup: Callable[[], Any] = _no_setup
+
+    def seconds(self) -> float:
+        """Seconds of one timed call, after its untimed setup."""
+        prepared = self.setup()
+        t0 = time.perf_counter()
+        self.run(prepared)
+        return time.perf_counter() - t0
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -61,21 +85,40 @@ def measure(
     If ``setup`` is given it runs untimed before every call (warmups included)
     and its return value is passed to ``fn`` as the only argument.
     """
+    workload = Workload(name=getattr(fn, "__name__", "fn"), ops=ops,
+                        run=fn if setup is not None else (lambda _: fn()), setup=setup or _no_setup)
+    return interleave([workload], repeat=repeat, warmup=warmup, scale=scale)[workload.name]
+
+
+def interleave(workloads: Sequence[Workload], *, repeat: int, warmup: int = 1, scale: float = 1e3
+               ) -> dict[str, Summary]:
+    """Time every workload once per round, ``repeat`` rounds, rotating the order (A B C, B C A, C A B, ...).
+
+    Side by side in rounds, a load that drifts during the run (another job on the machine) hits every
+    workload alike, so the ratios of their medians stay honest even when the absolute figures move. Each
+    sample is seconds per operation times ``scale`` (milliseconds by default).
+    """
     if repeat < 1:
         raise ValueError("repeat must be at least 1")
-    if ops < 1:
+    if any(w.ops < 1 for w in workloads):
         raise ValueError("ops must be at least 1")
+    if len({w.name for w in workloads}) != len(workloads):
+        raise ValueError("workload names must be unique")
+    for w in workloads:
+        for _ in range(warmup):
+            w.seconds()
+    samples: dict[str, list[float]] = {w.name: [] for w in workloads}
+    for _, w in rotation(workloads, repeat):
+        samples[w.name].append(w.seconds() / w.ops * scale)
+    return {name: summarize(values) for name, values in samples.items()}
 
-    def one() -> float:
-        args = (setup(),) if setup is not None else ()
-        t0 = time.perf_counter()
-        fn(*args)
-        return time.perf_counter() - t0
 
-    for _ in range(warmup):
-        one()
-    samples = [one() / ops * scale for _ in range(repeat)]
-    return summarize(samples)
+def rotation(items: Sequence[T], rounds: int) -> Iterator[tuple[int, T]]:
+    """``(round, item)`` for ``rounds`` rounds over ``items``, each round starting one further along."""
+    for round_no in range(rounds):
+        shift = round_no % len(items) if items else 0
+        for item in [*items[shift:], *items[:shift]]:
+            yield round_no, item
 
 
 def ratio(numerator: Summary, denominator: Summary) -> Summary:

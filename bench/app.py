@@ -1,0 +1,178 @@
+"""The Django side of the benchmarks: configure the site on a bench database, run SQL on its connection,
+count the commits it makes, and start real `manage.py resume_runs` worker processes.
+
+Workers are the very command cron runs, on the bench database, with the bench workflows registered. This
+module imports no model, so the runner can import it before Django is set up (bench.records builds rows).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import django
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection, transaction
+
+from bench.pg import database_url, ensure_database
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOW_MODULES = "bench.workflows"
+BIG_LIMIT = 10_000_000  # --limit for workers that should take every due run
+
+
+def site_env(dbname: str) -> dict[str, str]:
+    """The environment of a process of the site on the bench database, with the bench workflows."""
+    return {"DATABASE_URL": database_url(dbname), "DJANGO_SETTINGS_MODULE": "project.settings",
+            "DURABLERUNS_WORKFLOW_MODULES": WORKFLOW_MODULES}
+
+
+def configure(dbname: str) -> None:
+    """Point this process's Django at ``dbname`` (created if missing) and bring its schema up to date."""
+    ensure_database(dbname)
+    if settings.configured:
+        current = settings.DATABASES["default"]["NAME"]
+        if current != dbname:
+            raise RuntimeError(f"Django is already configured on {current!r}, not the bench database {dbname!r}")
+    os.environ.update(site_env(dbname))
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def execute(statement: str, params: Sequence[Any] | dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    """Run one statement on Django's connection (autocommit: its own transaction); return its rows, if any."""
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return list(cursor.fetchall()) if cursor.description else []
+
+
+def reset() -> None:
+    """Empty durableruns' tables in the bench database."""
+    execute("TRUNCATE run_intervention, run_escalation, run_step, run_state CASCADE")
+
+
+def status_counts() -> dict[str, int]:
+    """How many runs are in each status."""
+    return {status: count for status, count in execute("SELECT status, count(*) FROM run_state GROUP BY status")}
+
+
+# -- counting commits ------------------------------------------------------------------------------------
+
+
+_WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+def is_write(statement: str) -> bool:
+    """Whether a statement writes: INSERT/UPDATE/DELETE, or a WITH whose CTEs do."""
+    text = statement.lstrip().upper()
+    head = text.split(None, 1)[0] if text else ""
+    if head in _WRITES:
+        return True
+    return head == "WITH" and any(f"{verb} " in text for verb in _WRITES)
+
+
+@dataclass
+class Commits:
+    """Transactions Django's connection committed while counting: writing ones (WAL flushed) and reads."""
+
+    writes: int = 0
+    reads: int = 0
+    statements: list[str] = field(default_factory=list)
+    # Inside an atomic block the commit comes later: counted once, by an on_commit callback.
+    _block_open: bool = field(default=False, init=False, repr=False)
+    _block_wrote: bool = field(default=False, init=False, repr=False)
+
+    def _block_committed(self) -> None:
+        if self._block_wrote:
+            self.writes += 1
+        else:
+            self.reads += 1
+        self._block_open = self._block_wrote = False
+
+    def seen(self, statement: str) -> None:
+        self.statements.append(statement)
+        if connection.in_atomic_block:
+            if not self._block_open:
+                self._block_open = True
+                transaction.on_commit(self._block_committed)
+            self._block_wrote = self._block_wrote or is_write(statement)
+            return
+        self._block_open = self._block_wrote = False  # autocommit: each statement is its own transaction
+        if is_write(statement):
+            self.writes += 1
+        else:
+            self.reads += 1
+
+
+@contextmanager
+def counting_commits() -> Iterator[Commits]:
+    """Count the transactions this thread's connection commits (a statement in autocommit is one)."""
+    commits = Commits()
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        commits.seen(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield commits
+
+
+# -- worker processes ------------------------------------------------------------------------------------
+
+
+def worker_command(*args: str) -> list[str]:
+    return [sys.executable, "manage.py", "resume_runs", "--skip-checks", *args]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkersRun:
+    """How a batch of workers started together went: wall seconds until the last exited, and each exit."""
+
+    seconds: float
+    returncodes: tuple[int, ...]
+
+
+def run_workers(dbname: str, count: int, *args: str, timeout: float = 1800.0) -> WorkersRun:
+    """Start ``count`` resume_runs processes at once and wait for all; raise if any exits non-zero."""
+    env = dict(os.environ, **site_env(dbname), PYTHONUNBUFFERED="1")
+    with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp, ExitStack() as files:
+        errs = [files.enter_context(open(Path(tmp) / f"worker-{i}.err", "w+")) for i in range(count)]
+        began = time.perf_counter()
+        procs = [subprocess.Popen(worker_command(*args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+                 for err in errs]
+        try:
+            codes = tuple(proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - began))) for proc in procs)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        seconds = time.perf_counter() - began
+        failures = []
+        for code, err in zip(codes, errs):
+            if code != 0:
+                err.seek(0)
+                failures.append(f"exit {code}: {err.read()[-2000:]}")
+    if failures:
+        raise RuntimeError("resume_runs failed:\n" + "\n".join(failures))
+    return WorkersRun(seconds=seconds, returncodes=codes)
+
+
+def work_all(dbname: str, workers: int) -> WorkersRun:
+    """Run ``workers`` resume_runs processes that take every due run (--limit big, --lease 30) until none is due."""
+    return run_workers(dbname, workers, "--limit", str(BIG_LIMIT), "--lease", "30")
+
+
+def startup_seconds(dbname: str) -> float:
+    """Wall seconds of one resume_runs process that finds nothing due: the fixed cost of a worker process."""
+    reset()
+    return run_workers(dbname, 1, "--limit", "1").seconds

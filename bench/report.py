@@ -1,0 +1,375 @@
+"""Write what a benchmark run measured: results.json (every figure), results.md (tables, targets with PASS or
+MISS) and PNG charts, all in one output directory.
+
+The targets are issue #5's, evaluated on ratios measured side by side in the same run, so a busy machine moves
+the absolute figures but not the verdicts much; results.md says plainly where durableruns misses one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.stats import Summary, rounded
+
+NOT_RUN = "not run"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One of the issue's targets, against what this run measured."""
+
+    name: str
+    measured: float
+    limit: float
+    at_most: bool  # the measured figure must be <= limit (else >=)
+    detail: str
+    holds: bool = True  # the target's other condition, if it has one (the claim's plan uses the index)
+
+    @property
+    def passed(self) -> bool:
+        within = self.measured <= self.limit if self.at_most else self.measured >= self.limit
+        return within and self.holds
+
+    def verdict(self) -> str:
+        return "PASS" if self.passed else "MISS"
+
+
+def targets(figures: dict[str, Any]) -> list[Target]:
+    """The issue's targets that this run's figures can judge (a figure that was not run judges none)."""
+    found: list[Target] = []
+    engine = figures.get("engine")
+    if engine:
+        found.append(Target(name="per-step cost <= 3 x the psycopg single-commit floor",
+                            measured=engine["durableruns_over_floor_commit"]["ratio"], limit=3.0, at_most=True,
+                            detail=_ratio_text(engine["durableruns_over_floor_commit"])))
+        found.append(Target(name="per-step cost <= 0.5 x DBOS per-step cost",
+                            measured=engine["durableruns_over_dbos"]["ratio"], limit=0.5, at_most=True,
+                            detail=_ratio_text(engine["durableruns_over_dbos"])))
+        commits = engine["commits"]
+        found.append(Target(name="at most one commit per step once the run is going ((9 + 3) / 9 per step)",
+                            measured=commits["write_commits_per_step"], limit=commits["design_bound_per_step"],
+                            at_most=True, detail=f"{commits['write_commits_per_run']} write commits per 9-step run"))
+    throughput = figures.get("throughput")
+    if throughput:
+        steps = throughput["workers_2"]["steps_per_s"]
+        found.append(Target(name="resume throughput >= 2,000 steps/s with 2 workers", measured=steps["median"],
+                            limit=2000.0, at_most=False, detail=_spread_text(steps, "steps/s")))
+    claims = figures.get("claim_cost")
+    if claims:
+        levels = claims["levels"]
+        indexed = all(level["explain"]["uses_active_index"] for n, level in levels.items() if int(n) > 0)
+        flat = claims["largest_over_empty"]
+        largest = max(levels, key=int)
+        found.append(Target(name=f"claim cost flat from 0 to {int(largest):,} finished runs (largest / empty <= 1.5"
+                                 ", partial index used)",
+                            measured=flat["ratio"], limit=1.5, at_most=True, holds=indexed,
+                            detail=_ratio_text(flat) + ("" if indexed else "; run_state_active_idx NOT used")))
+    recovery = figures.get("recovery")
+    if recovery:
+        found.append(Target(name="recovery (1 worker) <= 1/3 of DBOS's time for the same case",
+                            measured=recovery["durableruns_1_over_dbos"]["ratio"], limit=1 / 3, at_most=True,
+                            detail=_ratio_text(recovery["durableruns_1_over_dbos"])))
+    return found
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _ratio_text(r: Summary) -> str:
+    return f"{r['ratio']:.2f} (spread {r['low']:.2f}-{r['high']:.2f})"
+
+
+def _spread_text(s: Summary, unit: str) -> str:
+    return f"{s['median']:,.1f} {unit} (p10 {s['p10']:,.1f}, p90 {s['p90']:,.1f}, n={int(s['n'])})"
+
+
+def _ms(s: Summary, digits: int = 3) -> str:
+    return f"{s['median']:.{digits}f} ({s['p10']:.{digits}f}-{s['p90']:.{digits}f})"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A Markdown table, numbers right-aligned."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in
+                                                              range(len(headers))) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+# -- Markdown ----------------------------------------------------------------------------------------------
+
+
+def markdown(results: dict[str, Any], out: Path) -> str:
+    meta, figures = results["meta"], results["figures"]
+    pg = meta["postgresql"]
+    lines = [
+        "# durableruns benchmark results",
+        "",
+        f"Size **{meta['size']}**, measured {meta['date']} on {meta['nproc']} cores "
+        f"(load average {meta['loadavg_start'][0]:.2f} at the start, {meta['loadavg_end'][0]:.2f} at the end), "
+        f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, synchronous_commit={pg['synchronous_commit']}), "
+        f"Python {meta['python']}, commit {meta['git']}; the suite took {meta['duration_s']:.0f} s.",
+        "",
+        f"Reproduce: `{meta['command']}`",
+        "",
+        "Every figure is a median over rounds, with p10-p90 in brackets; every ratio compares figures measured "
+        "side by side in the same run (rotating rounds), with a conservative spread (p10/p90 against p90/p10).",
+    ]
+    if meta.get("note"):
+        lines += ["", f"**{meta['note']}**"]
+    lines += ["", "## Targets", ""]
+    lines += table(["target", "measured", "limit", "result"],
+                   [[t["name"], t["detail"], f"{'<=' if t['at_most'] else '>='} {_number(t['limit'])}", t["verdict"]]
+                    for t in results["targets"]])
+    for title, render in SECTIONS:
+        key = title.split(":")[0]
+        if key in figures:
+            lines += ["", f"## {title.split(':', 1)[1].strip()}", ""] + render(figures[key])
+    charts = [name for name in CHARTS if (out / f"{name}.png").exists()]
+    if charts:
+        lines += ["", "## Charts", ""] + [f"![{name}]({name}.png)" for name in charts]
+    return "\n".join(lines) + "\n"
+
+
+def _engine_md(e: dict[str, Any]) -> list[str]:
+    p = e["params"]
+    c = e["commits"]
+    rows = [
+        ["psycopg 3: one committed single-row UPDATE (per commit)", _ms(e["ms_per_commit_floor"])],
+        ["psycopg 3: one step's bookkeeping by hand, two commits", _ms(e["ms_per_step_floor_two_commits"])],
+        ["psycopg 3: one step's bookkeeping by hand, one fenced statement",
+         _ms(e["ms_per_step_floor_one_statement"])],
+        ["durableruns: 9 no-op steps end to end (start_run + resume_due)", _ms(e["ms_per_step_durableruns"])],
+        ["DBOS Transact 3.4: 9 no-op steps", _ms(e["ms_per_step_dbos"])],
+    ]
+    return table(["workload", "ms per step (p10-p90)"], rows) + [
+        "",
+        f"{int(e['ms_per_step_durableruns']['n'])} rounds; per round {p['floor_commits_per_round']} floor commits, "
+        f"{p['runs_per_round']} runs for the floor steps and durableruns, {p['dbos_workflows_per_round']} DBOS "
+        "workflows.",
+        "",
+        f"- durableruns / floor commit: {_ratio_text(e['durableruns_over_floor_commit'])}",
+        f"- durableruns / floor of the commits it makes ({c['write_commits_per_step']:.2f} x floor commit): "
+        f"{_ratio_text(e['durableruns_over_floor_of_its_commits'])}",
+        f"- durableruns / hand-written one-statement step: {_ratio_text(e['durableruns_over_floor_one_statement'])}",
+        f"- durableruns / DBOS: {_ratio_text(e['durableruns_over_dbos'])}",
+        f"- commits per 9-step run: {c['write_commits_per_run']} writing ({c['write_commits_per_step']:.3f} per "
+        f"step; the design bound (9 + 3) / 9 = {c['design_bound_per_step']:.3f}: create, claim, first intent, "
+        f"then one per step) and {c['read_transactions_per_run']} read (the boundary's query).",
+    ]
+
+
+def _throughput_md(t: dict[str, Any]) -> list[str]:
+    p = t["params"]
+    rows = [[n.split("_")[1], f"{p['runs']:,}", _ms(t[n]["seconds"], 2), _ms(t[n]["runs_per_s"], 0),
+             _ms(t[n]["steps_per_s"], 0)] for n in t if n.startswith("workers_")]
+    return table(["worker processes", "runs", "seconds", "runs/s", "steps/s"], rows) + [
+        "", f"`manage.py resume_runs {p['worker_args']}`, {p['rounds']} round(s); {p['timing']}. "
+            f"One worker process that finds nothing due takes {_ms(t['process_startup_s'], 2)} s."]
+
+
+def _claims_md(c: dict[str, Any]) -> list[str]:
+    levels = c["levels"]
+    rows = [[f"{int(n):,}", _ms(level["ms_per_claim"]), level["explain"]["queries_per_claim"],
+             "yes" if level["explain"]["uses_active_index"] else "no (seq scan of a small table)"
+             if int(n) == 0 else "NO"] for n, level in levels.items()]
+    largest = max(levels, key=int)
+    return table(["finished runs", "ms per claim (p10-p90)", "statements", "uses run_state_active_idx"], rows) + [
+        "", f"Largest / empty: {_ratio_text(c['largest_over_empty'])}. {c['params']['pending_per_round']} pending "
+            f"runs claimed per round with {c['params']['claim']}; {c['params']['finished_rows']}.",
+        "", f"EXPLAIN of the claim at {int(largest):,} finished runs:", "", "```",
+        *levels[largest]["explain"]["plan"], "```"]
+
+
+def _loop_md(loop: dict[str, Any]) -> list[str]:
+    p = loop["params"]
+    rows = [[r["every"], r["checkpoints"], _pct(r["overhead_vs_no_checkpoint_pct"]), _pct(r["overhead_timed_pct"]),
+             f"{r['overhead_model_pct']:.2f}%", r["rework_items"], f"{r['rework_s']:.3f} s"]
+            for r in loop["rows"]]
+    return [
+        f"{p['items']} items, each a real `time.sleep` of {p['item_sleep_ms']:g} ms, through the engine "
+        f"(ctx.loop(every=b)); {p['rounds']} rounds. Measured: t = {loop['item_ms']:.3f} ms per item, "
+        f"c = {loop['checkpoint_ms']:.3f} ms per checkpoint commit (the loop's own gap between items is "
+        f"{loop['plain_gap_us']:.1f} us otherwise). The step takes {_ms(loop['no_checkpoint_step_s'], 3)} s "
+        "without any checkpoint.",
+        "",
+        *table(["b", "checkpoints", "overhead vs no-checkpoint run", "overhead, timed checkpoints",
+                "overhead, model", "worst-case rework (items)", "rework time"], rows),
+        "",
+        f"Balance point b* = sqrt(n * c / t) = **{loop['balance_point']:.1f}** items: below it the commits cost "
+        "more time than the worst-case rework, above it the rework costs more. The first overhead column "
+        "subtracts the no-checkpoint pass of the same round (noisy: sleeps jitter by more than a few commits), "
+        "the second sums the timed checkpoint gaps.",
+    ]
+
+
+def _pct(s: Summary) -> str:
+    return f"{s['median']:.2f}% ({s['p10']:.2f}-{s['p90']:.2f})"
+
+
+def _boundary_md(b: dict[str, Any]) -> list[str]:
+    rows = [[n, f["rows_read"], _ms(f["ms_per_boundary"]), f["queries"]["count"]]
+            for n, f in b["attempts_per_step"].items()]
+    first = next(iter(b["attempts_per_step"].values()))
+    return table(["attempts per step", "attempts read", "ms per boundary (p10-p90)", "queries"], rows) + [
+        "", f"{b['params']['timed']}. The one query:", "", "```sql", *first["queries"]["sql"], "```"]
+
+
+def _recovery_md(r: dict[str, Any]) -> list[str]:
+    p = r["params"]
+    names = [("durableruns, 1 worker process", "durableruns_1"), ("durableruns, 2 worker processes", "durableruns_2"),
+             ("durableruns, 1 worker, net of process start-up", "durableruns_1_net_of_startup"),
+             ("DBOS 3.4, 1 process", "dbos")]
+    rows = [[label, _ms(r[key]["seconds"], 2), _ms(r[key]["steps_per_s"], 0)] for label, key in names]
+    return table(["", "seconds (p10-p90)", "steps/s"], rows) + [
+        "",
+        f"{p['runs']:,} runs with {p['done_before_crash']} of {p['steps_per_run']} steps done and {p['in_doubt_step']} "
+        f"in doubt; {p['rounds']} round(s).",
+        f"- durableruns: {p['durableruns_crash']}; {p['durableruns_timing']}.",
+        f"- DBOS: {p['dbos_crash']}; {p['dbos_timing']}.",
+        f"- durableruns (1 worker) / DBOS: {_ratio_text(r['durableruns_1_over_dbos'])}; 2 workers: "
+        f"{_ratio_text(r['durableruns_2_over_dbos'])}; 1 worker net of start-up: "
+        f"{_ratio_text(r['durableruns_1_net_of_startup_over_dbos'])}.",
+    ]
+
+
+SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
+    ("engine: Per-step cost: the floor, durableruns and DBOS (figures 1-3)", _engine_md),
+    ("throughput: Resume throughput (figure 4)", _throughput_md),
+    ("claim_cost: Claim cost against finished runs (figure 5)", _claims_md),
+    ("loop_tradeoff: Loop checkpoint trade-off (figure 6)", _loop_md),
+    ("boundary: Boundary cost (figure 7)", _boundary_md),
+    ("recovery: Recovery after SIGKILL against DBOS (figure 8)", _recovery_md),
+]
+
+
+# -- charts ------------------------------------------------------------------------------------------------
+
+
+def _bars(path: Path, title: str, ylabel: str, bars: Sequence[tuple[str, Summary]],
+          lines: Sequence[tuple[float, str]] = ()) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    medians = [s["median"] for _, s in bars]
+    errors = [[s["median"] - s["p10"] for _, s in bars], [s["p90"] - s["median"] for _, s in bars]]
+    ax.bar([label for label, _ in bars], medians, yerr=errors, capsize=4, color="#4c72b0")
+    for (value, label), color in zip(lines, ("#c44e52", "#55a868")):
+        ax.axhline(value, color=color, linestyle="--", label=label)
+    if lines:
+        ax.legend(fontsize=8)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _chart_engine(out: Path, e: dict[str, Any]) -> None:
+    _bars(out / "per_step.png", "Cost of one durable step (median, p10-p90)", "ms per step", [
+        ("psycopg\n1 commit", e["ms_per_commit_floor"]),
+        ("psycopg step\n1 statement", e["ms_per_step_floor_one_statement"]),
+        ("psycopg step\n2 commits", e["ms_per_step_floor_two_commits"]),
+        ("durableruns", e["ms_per_step_durableruns"]),
+        ("DBOS 3.4", e["ms_per_step_dbos"]),
+    ], lines=[(3 * e["ms_per_commit_floor"]["median"], "target: durableruns <= 3 x psycopg commit"),
+              (0.5 * e["ms_per_step_dbos"]["median"], "target: durableruns <= 0.5 x DBOS")])
+
+
+def _chart_throughput(out: Path, t: dict[str, Any]) -> None:
+    _bars(out / "throughput.png", f"resume_runs draining {t['params']['runs']:,} pending 9-step runs", "steps/s",
+          [(f"{n.split('_')[1]} worker(s)", t[n]["steps_per_s"]) for n in t if n.startswith("workers_")],
+          lines=[(2000.0, "target: 2,000 steps/s with 2 workers")])
+
+
+def _chart_claims(out: Path, c: dict[str, Any]) -> None:
+    _bars(out / "claim_cost.png", "Claiming the next due run against finished runs in the table", "ms per claim",
+          [(f"{int(n):,} finished", level["ms_per_claim"]) for n, level in c["levels"].items()])
+
+
+def _chart_recovery(out: Path, r: dict[str, Any]) -> None:
+    _bars(out / "recovery.png", f"Finishing {r['params']['runs']:,} runs left in doubt in step 5 by a SIGKILL",
+          "seconds", [("durableruns\n1 worker", r["durableruns_1"]["seconds"]),
+                      ("durableruns\n2 workers", r["durableruns_2"]["seconds"]),
+                      ("DBOS 3.4", r["dbos"]["seconds"])])
+
+
+def _chart_loop(out: Path, loop: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = loop["rows"]
+    every = [r["every"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(every, [r["commit_time_model_s"] for r in rows], "o-", color="#4c72b0",
+            label="checkpoint commit time per step, model (n-1)//b * c")
+    ax.plot(every, [r["overhead_timed_pct"]["median"] / 100 * r["step_s"]["median"] for r in rows], "x",
+            color="#4c72b0", markersize=9, label="checkpoint commit time, timed in the step")
+    ax.plot(every, [r["rework_s"] for r in rows], "s-", color="#dd8452", label="worst-case rework b * t")
+    ax.axvline(loop["balance_point"], color="#55a868", linestyle="--",
+               label=f"balance point b* = {loop['balance_point']:.1f}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(every)
+    ax.set_xticklabels([str(b) for b in every])
+    ax.set_xlabel("checkpoint every b items")
+    ax.set_ylabel("seconds")
+    p = loop["params"]
+    ax.set_title(f"Loop of {p['items']} items at {p['item_sleep_ms']:g} ms each: commits against rework")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "loop_tradeoff.png", dpi=110)
+    plt.close(fig)
+
+
+CHARTS: dict[str, tuple[str, Callable[[Path, dict[str, Any]], None]]] = {
+    "per_step": ("engine", _chart_engine),
+    "throughput": ("throughput", _chart_throughput),
+    "claim_cost": ("claim_cost", _chart_claims),
+    "loop_tradeoff": ("loop_tradeoff", _chart_loop),
+    "recovery": ("recovery", _chart_recovery),
+}
+
+
+# -- writing -----------------------------------------------------------------------------------------------
+
+
+def write(out: Path, meta: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """Write results.json, the charts and results.md into ``out``; return what was written to the JSON."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (key, draw) in CHARTS.items():
+        if key in figures:
+            draw(out, figures[key])
+        else:
+            (out / f"{name}.png").unlink(missing_ok=True)
+    found = targets(figures)
+    results = {"meta": meta, "targets": [dict(asdict(t), verdict=t.verdict()) for t in found],
+               "figures": figures}
+    (out / "results.json").write_text(json.dumps(rounded(results, 6), indent=1, default=str) + "\n")
+    (out / "results.md").write_text(markdown(results, out))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Re-render results.md and the charts next to a results.json, e.g. after changing how they are shown."""
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=main.__doc__)
+    parser.add_argument("results", type=Path, help="a results.json written by python -m bench.run")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text())
+    write(args.results.parent, results["meta"], results["figures"])
+    print(f"re-rendered {args.results.parent / 'results.md'} and the charts from {args.results}")
+
+
+if __name__ == "__main__":
+    main()

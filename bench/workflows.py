@@ -1,0 +1,78 @@
+"""Workflows that exist only for the benchmarks: nine no-op steps, and one step that loops at a real cost.
+
+The runner registers them in its own process; the `manage.py resume_runs` workers it starts import this
+module through DURABLERUNS_WORKFLOW_MODULES=bench.workflows, so both sides see the same plan fingerprint.
+Every step is re_executable: a no-op has no effect anywhere, so running it again is always safe.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from durableruns import Workflow
+
+NOOP_STEPS = 9
+noop9 = Workflow("bench_noop9")
+
+
+def _noop_step(name: str) -> Any:
+    def step(ctx: Any) -> None:
+        return None
+
+    step.__name__ = step.__qualname__ = name
+    return step
+
+
+for _index in range(1, NOOP_STEPS + 1):
+    noop9.step(policy="re_executable")(_noop_step(f"step_{_index}"))
+
+STEP_NAMES: tuple[str, ...] = noop9.plan
+IN_DOUBT_STEP = STEP_NAMES[4]  # the recovery benchmark's runs die in step 5, after four completed steps
+
+
+@dataclass
+class LoopSample:
+    """What one pass of `price_lines` saw: each item's work, each gap between items, the step's wall time."""
+
+    every: int
+    items: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    step_seconds: float = 0.0
+
+    def checkpoint_gaps(self) -> list[float]:
+        """The gaps after which ctx.loop committed a checkpoint (after item k*every, never after the last)."""
+        return [gap for index, gap in enumerate(self.gaps, start=1) if index % self.every == 0]
+
+    def plain_gaps(self) -> list[float]:
+        return [gap for index, gap in enumerate(self.gaps, start=1) if index % self.every != 0]
+
+
+# Filled by `price_lines` when it runs in the runner's own process; the loop benchmark reads and clears it.
+loop_samples: list[LoopSample] = []
+
+loop = Workflow("bench_loop")
+
+
+@loop.step(policy="re_executable")
+def price_lines(ctx: Any) -> dict[str, Any]:
+    """Walk `items` lines at `item_seconds` each (a real sleep), checkpointing every `every` lines.
+
+    The gap between finishing one line and being handed the next is ctx.loop's own time: a few
+    microseconds, or one checkpoint commit when the line closed a batch.
+    """
+    count, every, cost = int(ctx.input["items"]), int(ctx.input["every"]), float(ctx.input["item_seconds"])
+    sample = LoopSample(every=every)
+    began = time.perf_counter()
+    finished: float | None = None
+    for _line in ctx.loop(range(count), every=every):
+        start = time.perf_counter()
+        if finished is not None:
+            sample.gaps.append(start - finished)
+        time.sleep(cost)
+        finished = time.perf_counter()
+        sample.items.append(finished - start)
+    sample.step_seconds = time.perf_counter() - began
+    loop_samples.append(sample)
+    return {"lines": len(sample.items)}

@@ -1,0 +1,103 @@
+"""The benchmark suite runs end to end at its tiny size and writes every figure; no timing is asserted.
+
+It runs `python -m bench.run --size tiny` as a separate process on its own databases (prefix dr_bench_smoke,
+never the database under test), into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.run import FIGURES
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.postgres
+
+CHARTS = ("per_step", "throughput", "claim_cost", "loop_tradeoff", "recovery")
+
+
+def positive(summary: dict[str, Any], what: str) -> None:
+    assert {"median", "p10", "p90", "n"} <= set(summary), f"{what} is not a summary: {summary}"
+    assert summary["median"] > 0 and summary["n"] >= 1, f"{what}: {summary}"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    out = tmp_path_factory.mktemp("bench") / "results"
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--size", "tiny", "--out", str(out),
+                           "--db-prefix", "dr_bench_smoke"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads((out / "results.json").read_text()), out
+
+
+def test_every_figure_is_written_with_positive_medians(results):
+    data, _ = results
+    figures = data["figures"]
+    assert set(figures) == set(FIGURES)
+
+    engine = figures["engine"]
+    for name in ("ms_per_commit_floor", "ms_per_step_floor_two_commits", "ms_per_step_floor_one_statement",
+                 "ms_per_step_durableruns", "ms_per_step_dbos"):
+        positive(engine[name], name)
+    for name in ("durableruns_over_floor_commit", "durableruns_over_dbos", "durableruns_over_floor_of_its_commits"):
+        assert engine[name]["ratio"] > 0
+    assert engine["commits"]["write_commits_per_run"] > 0
+
+    throughput = figures["throughput"]
+    for workers in ("workers_1", "workers_2"):
+        for name in ("seconds", "runs_per_s", "steps_per_s"):
+            positive(throughput[workers][name], f"throughput {workers} {name}")
+    positive(throughput["process_startup_s"], "process start-up")
+
+    levels = figures["claim_cost"]["levels"]
+    assert len(levels) == 3
+    for n, level in levels.items():
+        positive(level["ms_per_claim"], f"claim at {n}")
+        assert level["explain"]["plan"] and level["explain"]["queries_per_claim"] >= 1
+
+    loop = figures["loop_tradeoff"]
+    assert [row["every"] for row in loop["rows"]] == [1, 5, 10, 25, 50, 100]
+    for row in loop["rows"]:
+        positive(row["step_s"], f"loop step at b={row['every']}")
+        assert row["rework_items"] > 0 and row["rework_s"] > 0
+        if row["checkpoints"]:
+            positive(row["checkpoint_ms"], f"checkpoint at b={row['every']}")
+            positive(row["overhead_timed_pct"], f"timed overhead at b={row['every']}")
+    assert loop["item_ms"] > 0 and loop["checkpoint_ms"] > 0 and loop["balance_point"] > 0
+    assert loop["model_table"][0].startswith("| every b |")
+
+    boundary = figures["boundary"]["attempts_per_step"]
+    assert list(boundary) == ["1", "10", "100"]
+    for n, figure in boundary.items():
+        positive(figure["ms_per_boundary"], f"boundary with {n} attempts per step")
+        assert figure["queries"]["count"] >= 1
+
+    recovery = figures["recovery"]
+    for name in ("durableruns_1", "durableruns_2", "dbos"):
+        positive(recovery[name]["seconds"], f"recovery {name}")
+    assert recovery["durableruns_1_over_dbos"]["ratio"] > 0
+
+
+def test_the_report_states_targets_and_machine(results):
+    data, _ = results
+    assert len(data["targets"]) == 6
+    assert {t["verdict"] for t in data["targets"]} <= {"PASS", "MISS"}
+    meta = data["meta"]
+    assert meta["size"] == "tiny" and meta["nproc"] >= 1
+    assert {"server_version", "fsync", "synchronous_commit"} <= set(meta["postgresql"])
+
+
+def test_markdown_and_charts_exist(results):
+    _, out = results
+    text = (out / "results.md").read_text()
+    assert "## Targets" in text and "python -m bench.run --size tiny" in text
+    for chart in CHARTS:
+        path = out / f"{chart}.png"
+        assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({chart}.png)" in text
