@@ -52,6 +52,8 @@ class Boundary:
     remainder: list[str]
     latest: Mapping[str, StepAttempt]
     status: str | None = None
+    # False when this deploy does not know the run's workflow: the plan is only the steps ever attempted.
+    plan_known: bool = True
 
     def zone(self, step: str) -> Zone:
         """Return the zone of one step of the plan."""
@@ -110,6 +112,9 @@ def _count(n: int) -> str:
 
 def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
     """Render the boundary as one sentence an operator can act on."""
+    if not b.plan_known:
+        return (f"{_count(len(b.done))} complete, the rest unknown: this deploy does not have the run's "
+                f"workflow")
     if not b.remainder:
         return f"all {_count(len(b.done))} complete"
     parts = [f"{_count(len(b.done))} complete"]

@@ -11,7 +11,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -212,13 +212,16 @@ class Engine:
             return self._apply(state, step, index, latest, verdict)
         return self._settle(state, step, index, latest)
 
-    def _settle(self, state: _Pass, step: Step, index: int, attempt: StepAttempt) -> tuple[Intent | None, bool]:
-        """Settle an in-doubt attempt by the step's policy."""
+    def _settle(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, cause: str = ""
+                ) -> tuple[Intent | None, bool]:
+        """Settle an in-doubt attempt by the step's policy; `cause` says what put it in doubt, if it was seen."""
         outcome, escalation_open = self._escalation_state(state.run_id, step, attempt)
         verdict = settle_in_doubt(step.policy, attempt=attempt, escalation_open=escalation_open,
                                   staff_outcome=outcome)
         if verdict.action is Action.LOOK_UP:
             verdict = self._look_up(state, step, attempt)
+        if cause:
+            verdict = replace(verdict, reason=f"{verdict.reason} (the call raised {cause})")
         if step.policy is not Policy.ESCALATE:
             verdict = cap_attempts(verdict, attempts_made=self._made(state, step, attempt.attempt),
                                    max_attempts=step.max_attempts)
@@ -323,7 +326,7 @@ class Engine:
         # its policy, exactly as if the process had died here.
         attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
                               effect_key=intent.effect_key, started_at=started_at)
-        moved, _ = self._settle(state, step, index, attempt)
+        moved, _ = self._settle(state, step, index, attempt, cause=error.splitlines()[-1])
         if moved is None:
             return None
         return moved, False

@@ -69,7 +69,8 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
     attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
     plan = plan_of(run)
     if plan is None:
-        plan = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
+        attempted = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
+        return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
     return replace(compute_boundary(plan, attempts), status=run.status)
 
 

@@ -70,7 +70,7 @@ def test_worker_name_is_recorded_and_loop_stops_at_max_seconds():
     run_id = make_run()
     out = resume("--loop", "--interval", "0.05", "--max-seconds", "0.3", "--worker", "cron-host-7")
     assert RunState.objects.get(pk=run_id).owner == "cron-host-7"
-    assert out.count("run(s) handled") >= 2  # several passes, then it stopped by itself
+    assert out.count("run(s) handled") == 1  # idle passes say nothing; it stopped by itself
 
 
 def test_a_run_that_raises_inside_the_engine_exits_3(monkeypatch):

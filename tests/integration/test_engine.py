@@ -388,3 +388,20 @@ def test_cancelling_a_run_closes_its_open_escalation():
     assert (closed.decision.action, closed.decision.decided_by) == ("cancel", "ops")
     with pytest.raises(AlreadyDecided, match="already decided by ops"):
         durableruns.decide(run_id, "third", "happened", by="alice", note="too late")
+
+
+def test_what_put_a_step_in_doubt_is_told_to_the_person_who_decides():
+    run_id = make_run(input={"third": "boom"})
+    services.resume_due()
+    escalation = Escalation.objects.open().get()
+    assert "ConnectionError: third: connection reset" in escalation.reason
+    assert "ConnectionError" in RunState.objects.get(pk=run_id).reason
+    assert attempts(run_id, "third") == [(1, "started")]  # still in doubt, not failed
+
+
+def test_a_run_whose_workflow_left_the_deploy_does_not_read_as_complete():
+    run_id = make_run()
+    complete(run_id, "first", {})
+    RunState.objects.filter(pk=run_id).update(workflow="gone")
+    b = durableruns.boundary(run_id)
+    assert not b.plan_known and str(b) == "1 step complete, the rest unknown: this deploy does not have the run's workflow"

@@ -289,10 +289,17 @@ def _outcomes(carrier: Carrier, calls: int) -> list[bool]:
     return outcomes
 
 
-def test_seed_makes_faults_reproducible(tmp_path: Path) -> None:
+def test_seed_makes_faults_reproducible_in_each_fresh_process(tmp_path: Path) -> None:
     config = CarrierConfig(reject_rate=0.5, seed=42)
-    first = _outcomes(Carrier(config, tmp_path / "a"), 40)
-    second = _outcomes(Carrier(config, tmp_path / "b"), 40)
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    processes = [ctx.Process(target=_report_outcomes, args=(Carrier(config, tmp_path / name), results))
+                 for name in ("a", "b")]
+    for process in processes:
+        process.start()
+    first, second = (results.get(timeout=20) for _ in processes)
+    for process in processes:
+        process.join(timeout=20)
 
     assert first == second
     assert 0 < sum(first) < 40
@@ -394,3 +401,15 @@ def test_config_rejects_bad_values() -> None:
         config_from_env(environ={"FAR_REJECT_RATE": "1.5"}, settings={})
     with pytest.raises(ValueError, match="unknown"):
         config_from_env(environ={}, settings={"portal_lag": 1})
+
+
+def test_a_seeded_system_draws_a_sequence_not_the_same_number_each_time(tmp_path: Path) -> None:
+    """Building the systems for every call (as the workflows do) must not restart the seeded sequence."""
+    config = PaymentConfig(lost_reply_rate=0.5, seed=1)
+    lost = 0
+    for n in range(40):
+        try:
+            PaymentProvider(config, tmp_path).charge(amount=100, currency="EUR", idempotency_key=f"k{n}")
+        except FarTimeout:
+            lost += 1
+    assert 5 < lost < 35

@@ -72,7 +72,8 @@ class Command(BaseCommand):
             for run, error in report.crashed:
                 self.stderr.write(f"{run}: raised {error}")
             crashed += len(report.crashed)
-            self.stdout.write(report.summary())
+            if report.outcomes or report.crashed or not loop or options["verbosity"] > 1:
+                self.stdout.write(report.summary())  # an idle --loop pass says nothing: logs stay readable
             if not loop or stopping.set or run_id:
                 break
             if not report.outcomes and not report.crashed:

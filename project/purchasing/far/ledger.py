@@ -45,6 +45,18 @@ def require_key(name: str, value: object) -> str:
     return value
 
 
+_GENERATORS: dict[tuple[int, str, int | None], random.Random] = {}
+
+
+def _generator(name: str, seed: int | None) -> random.Random:
+    """The fault generator of system `name` in this process. Keyed by pid, so a forked worker draws its own
+    faults (seeded alike when a seed is set: a seed promises a reproducible sequence)."""
+    key = (os.getpid(), name, seed)
+    if key not in _GENERATORS:
+        _GENERATORS[key] = random.Random(seed)
+    return _GENERATORS[key]
+
+
 class FarSystem(ABC, Generic[C]):
     """Base of the five simulations: owns the SQLite ledger, fault injection and inspection.
 
@@ -69,7 +81,6 @@ class FarSystem(ABC, Generic[C]):
         self.config: C = config
         self.directory: Path = Path(directory)
         self.path: Path = self.directory / f"{self.name}.sqlite3"
-        self._rng = random.Random(config.seed)
         self._pid = os.getpid()
         self._schema_ready = False
 
@@ -145,15 +156,13 @@ class FarSystem(ABC, Generic[C]):
         return self._open()
 
     def _check_fork(self) -> None:
-        # Connections are opened per call, so nothing SQLite-related crosses a fork. The RNG
-        # does: an unseeded generator inherited by forked workers would make them all draw
-        # the same faults, so it is reseeded. A seeded one is kept, because a seed promises
-        # a reproducible sequence.
-        pid = os.getpid()
-        if pid != self._pid:
-            self._pid = pid
-            if self.config.seed is None:
-                self._rng = random.Random()
+        # Connections are opened per call, so nothing SQLite-related crosses a fork.
+        self._pid = os.getpid()
+
+    @property
+    def _rng(self) -> random.Random:
+        """This system's fault generator: one per process, seeded once, however many instances are built."""
+        return _generator(self.name, self.config.seed)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
