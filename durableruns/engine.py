@@ -67,37 +67,47 @@ def load_attempts(run_id: str) -> list[StepAttempt]:
 
 
 class Heartbeat:
-    """Renew the lease from a thread while the run is worked, so a long step keeps it.
+    """One thread per worker renews the lease of the run in hand, so a long step keeps it.
 
-    A paused or dead process stops renewing, and that is what lets another worker take the run.
+    A paused or dead process stops renewing, and that is what lets another worker take the run over. The
+    thread lives as long as the worker's pass, not one run: starting a thread per run costs more than a step.
     """
 
-    def __init__(self, lease: Lease, clock: Clock) -> None:
-        self.lease = lease
+    def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat:{lease.run_id}", daemon=True)
+        self._lease: Lease | None = None
+        self._changed = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._beat, name="durableruns-heartbeat", daemon=True)
 
-    def __enter__(self) -> Heartbeat:
+    def start(self) -> Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+    def stop(self) -> None:
+        self._stopped = True
+        self._changed.set()
         self._thread.join()
+
+    def watch(self, lease: Lease | None) -> None:
+        """Renew `lease` from now on (None: nothing is in hand)."""
+        self._lease = lease
+        self._changed.set()
 
     def _beat(self) -> None:
         try:
-            while not self._stop.wait(self.lease.seconds / 3):
+            while not self._stopped:
+                lease = self._lease
+                # Sleep a third of the lease, or until the run in hand changes.
+                if self._changed.wait(lease.seconds / 3 if lease else None):
+                    self._changed.clear()
+                    continue
                 try:
-                    store.renew(self.lease, now=self.clock())
+                    store.renew(lease, now=self.clock())  # type: ignore[arg-type]
                 except FencedOut:
-                    self.lost.set()
-                    return
+                    log.info("run %s: lease not renewed: released or taken over", lease.run_id)  # type: ignore[union-attr]
                 except DatabaseError as exc:  # the main thread meets the same error on its next write
-                    log.warning("run %s: lease not renewed: %s", self.lease.run_id, exc)
-                    return
+                    log.warning("lease not renewed: %s", exc)
         finally:
             connection.close()  # this thread's own connection
 
@@ -145,11 +155,31 @@ class Engine:
 
     def __init__(self, clock: Clock = timezone.now) -> None:
         self.clock = clock
+        self._heartbeat: Heartbeat | None = None
+
+    def __enter__(self) -> Engine:
+        self._heartbeat = Heartbeat(self.clock).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
 
     # -- entry point -------------------------------------------------------------------------------------
 
     def work(self, claimed: Claimed) -> RunOutcome:
         """Work one claimed run until it completes, waits, needs a person, fails, or the lease is lost."""
+        if self._heartbeat is None:  # used outside `with Engine() as engine:`: a heartbeat for this run only
+            with self:
+                return self.work(claimed)
+        self._heartbeat.watch(claimed.lease)
+        try:
+            return self._work(claimed)
+        finally:
+            self._heartbeat.watch(None)
+
+    def _work(self, claimed: Claimed) -> RunOutcome:
         lease = claimed.lease
         try:
             workflow = get_workflow(claimed.workflow)
@@ -163,13 +193,12 @@ class Engine:
                 f"this deploy has {workflow.fingerprint} ({workflow.describe()}); nothing was skipped or "
                 f"reordered: staff must decide (cancel it, or restore the old plan)",
             )
-        attempts = load_attempts(lease.run_id)
+        attempts = load_attempts(lease.run_id) if claimed.attempts is None else claimed.attempts
         boundary = compute_boundary(workflow.plan, attempts)  # once, before any step runs
         state = _Pass(claimed=claimed, workflow=workflow, boundary=boundary)
         state.results = {s: boundary.latest[s].result for s in boundary.done}
         try:
-            with Heartbeat(lease, self.clock):
-                return self._drive(state)
+            return self._drive(state)
         except _Stop as stop:
             return stop.outcome
         except FencedOut as exc:
@@ -266,7 +295,7 @@ class Engine:
             testing.reached("after_intent", step.name)
             started_at = self.clock()
             try:
-                result = self._call(state, step, intent)
+                result, encoded = self._call(state, step, intent)
             except (FencedOut, EffectInTransaction):
                 raise
             except Exception as exc:  # users' code: classify, never retry blindly
@@ -282,13 +311,15 @@ class Engine:
             last = index + 1 == len(plan)
             store.record_result(lease, step=step.name, attempt=intent.attempt, result=result, cursor=index + 1,
                                 now=self.clock(), intent_recorded=recorded, effect_key=intent.effect_key,
-                                next_intent=next_intent, finish=last)  # commit 2, the last thing the step does
+                                next_intent=next_intent, finish=last,
+                                encoded=encoded)  # commit 2, the last thing the step does
             state.finished = last
             state.results[step.name] = result
             state.steps_run += 1
             return next_intent
 
-    def _call(self, state: _Pass, step: Step, intent: Intent) -> Any:
+    def _call(self, state: _Pass, step: Step, intent: Intent) -> tuple[Any, str]:
+        """Run the step; return its result and the result's JSON (encoded once, refused here if it is not)."""
         lease = state.lease
 
         def checkpoint(loop_cursor: int, progress: dict[str, Any]) -> None:
@@ -303,7 +334,7 @@ class Engine:
         )
         ensure_autocommit()
         result = step.fn(ctx)
-        return store.ensure_json(result, what=f"the result of {step.name}")
+        return result, store.to_json(result, what=f"the result of {step.name}")
 
     def _after_error(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
                      started_at: datetime, exc: Exception) -> tuple[Intent, bool] | None:

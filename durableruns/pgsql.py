@@ -26,7 +26,13 @@ UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
         ORDER BY created_at
         LIMIT 1
           FOR UPDATE SKIP LOCKED)
-RETURNING run_id, epoch, workflow, plan_fingerprint, input
+RETURNING run_id, epoch, workflow, plan_fingerprint, input,
+          -- the run's attempts ride on the claim: the boundary needs them before anything else
+          (SELECT coalesce(json_agg(json_build_object(
+                    'step', s.step, 'attempt', s.attempt, 'status', s.status, 'effect_key', s.effect_key,
+                    'started_at', s.started_at, 'finished_at', s.finished_at, 'loop_cursor', s.loop_cursor,
+                    'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
+             FROM run_step s WHERE s.run_id = run_state.run_id)
 """
 
 _INTENT_ROW = """
@@ -91,10 +97,11 @@ def _rowcount(sql: str, params: dict[str, Any]) -> int:
         return int(cursor.rowcount)
 
 
-def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any] | None:
-    """Take the oldest due run in one statement; SKIP LOCKED lets any number of workers scan at once."""
+def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any, Any] | None:
+    """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
+    at once."""
     row = _one(_CLAIM, {"owner": owner, "now": now, "expiry": expiry})
-    return None if row is None else (row[0], row[1], row[2], row[3], row[4])
+    return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5])
 
 
 def record_intent(*, run: str, epoch: int, owner: str, now: datetime, expiry: datetime, cursor: int,

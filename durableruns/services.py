@@ -131,9 +131,18 @@ def resume_due(
     """
     owner = owner or default_owner()
     lease_seconds = conf.lease_seconds() if lease_seconds is None else lease_seconds
-    engine = Engine(clock=clock)
     report = PassReport()
     began = time.monotonic()
+    with Engine(clock=clock) as engine:
+        _work_due(engine, report, limit=limit, owner=owner, lease_seconds=lease_seconds, run_id=run_id,
+                  max_seconds=max_seconds, began=began, clock=clock, on_outcome=on_outcome)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _work_due(engine: Engine, report: PassReport, *, limit: int, owner: str, lease_seconds: float,
+              run_id: str | None, max_seconds: float | None, began: float, clock: Clock,
+              on_outcome: Callable[[RunOutcome], None] | None) -> None:
     while len(report.outcomes) + len(report.crashed) < limit:
         if max_seconds is not None and time.monotonic() - began >= max_seconds:
             break
@@ -152,8 +161,6 @@ def resume_due(
             on_outcome(outcome)
         if run_id is not None:
             break
-    report.seconds = time.monotonic() - began
-    return report
 
 
 @dataclass(frozen=True, kw_only=True)

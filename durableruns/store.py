@@ -18,6 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
 from durableruns import pgsql
+from durableruns.boundary import StepAttempt
 from durableruns.errors import (
     AlreadyDecided,
     DuplicateRun,
@@ -58,6 +59,7 @@ class Claimed:
     workflow: str
     plan_fingerprint: str
     input: dict[str, Any]
+    attempts: list[StepAttempt] | None = None  # read with the claim where the database allows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,24 +137,38 @@ def _finish(lease: Lease, step: str, attempt: int, **fields: Any) -> None:
         )
 
 
+def _decoded(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _attempt(row: dict[str, Any]) -> StepAttempt:
+    """An attempt as json_build_object returned it (timestamps as ISO text)."""
+    for when in ("started_at", "finished_at"):
+        if row[when] is not None:
+            row[when] = datetime.fromisoformat(row[when])
+    row["progress"] = row["progress"] or {}
+    return StepAttempt(**row)
+
+
 def _intent_params(intent: Intent) -> dict[str, Any]:
     return {"i_step": intent.step, "i_attempt": intent.attempt, "i_key": intent.effect_key,
             "i_loop": intent.loop_cursor, "i_progress": to_json(intent.progress or {}, what="progress")}
 
 
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any], now: datetime) -> None:
-    """Record a pending run; a worker picks it up."""
+    """Record a pending run; a worker picks it up.
+
+    One INSERT. Inside the caller's transaction it joins it (behind a savepoint, so a duplicate does not break
+    it): the run then exists exactly when the caller's own records do.
+    """
+    fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
+              "status": RunStatus.PENDING, "created_at": now, "updated_at": now}
     try:
-        with transaction.atomic(durable=True):
-            RunState.objects.create(
-                run_id=run_id,
-                workflow=workflow,
-                plan_fingerprint=plan_fingerprint,
-                input=input,
-                status=RunStatus.PENDING,
-                created_at=now,
-                updated_at=now,
-            )
+        if connection.in_atomic_block:
+            with transaction.atomic():
+                RunState.objects.create(**fields)
+        else:
+            RunState.objects.create(**fields)
     except IntegrityError:
         raise DuplicateRun(run_id=run_id) from None
 
@@ -163,10 +179,10 @@ def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None
         taken = pgsql.claim(owner=owner, now=now, expiry=now + timedelta(seconds=lease_seconds))
         if taken is None:
             return None
-        taken_id, epoch, workflow, fingerprint, payload = taken
+        taken_id, epoch, workflow, fingerprint, payload, attempts = taken
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
-                       workflow=workflow, plan_fingerprint=fingerprint,
-                       input=(json.loads(payload) if isinstance(payload, str) else payload) or {})
+                       workflow=workflow, plan_fingerprint=fingerprint, input=_decoded(payload) or {},
+                       attempts=[_attempt(a) for a in _decoded(attempts)])
     with transaction.atomic(durable=True):
         if run_id is None:
             candidates = RunState.objects.claimable(now)
@@ -203,7 +219,10 @@ def renew(lease: Lease, *, now: datetime) -> None:
     """
     if connection.in_atomic_block:
         raise RuntimeError("renew the lease outside atomic()")
-    _fence(lease, now)
+    renewed = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch, status=RunStatus.RUNNING).update(
+        updated_at=now, lease_expires_at=lease.expiry(now))
+    if not renewed:
+        raise FencedOut("the run was released or taken over", run_id=lease.run_id, epoch=lease.epoch)
 
 
 def record_intent(lease: Lease, intent: Intent, *, now: datetime) -> None:
@@ -231,13 +250,14 @@ def record_result(
     effect_key: str = "",
     next_intent: Intent | None = None,
     finish: bool = False,
+    encoded: str | None = None,
 ) -> None:
     """Commit 2: the step's result and the moved cursor, and in the same commit either the next step's intent
     or, with `finish`, the run's completion.
 
     Sharing the commit is safe: the next step has not acted yet, and its intent is still durable before it does.
     """
-    encoded = to_json(result, what=f"the result of {step}")
+    encoded = to_json(result, what=f"the result of {step}") if encoded is None else encoded
     if intent_recorded and _fast():
         recorded = pgsql.record_result(
             run=lease.run_id, epoch=lease.epoch, owner=lease.owner, now=now, expiry=lease.expiry(now),

@@ -405,3 +405,16 @@ def test_a_run_whose_workflow_left_the_deploy_does_not_read_as_complete():
     RunState.objects.filter(pk=run_id).update(workflow="gone")
     b = durableruns.boundary(run_id)
     assert not b.plan_known and str(b) == "1 step complete, the rest unknown: this deploy does not have the run's workflow"
+
+
+def test_a_run_started_inside_the_callers_transaction_lives_and_dies_with_it():
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            durableruns.start("scripted", {}, run_id="tx-1")
+            raise RuntimeError("the caller's own write failed")
+    assert not RunState.objects.filter(pk="tx-1").exists()
+    with transaction.atomic():
+        durableruns.start("scripted", {}, run_id="tx-2")
+        with pytest.raises(DuplicateRun):
+            durableruns.start("scripted", {}, run_id="tx-2")
+    assert RunState.objects.filter(pk="tx-2").exists()  # the duplicate did not spoil the caller's transaction
