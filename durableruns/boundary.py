@@ -112,10 +112,7 @@ def _count(n: int) -> str:
 
 def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
     """Render the boundary as one sentence an operator can act on."""
-    if not b.plan_known:
-        return (f"{_count(len(b.done))} complete, the rest unknown: this deploy does not have the run's "
-                f"workflow")
-    if not b.remainder:
+    if b.plan_known and not b.remainder:
         return f"all {_count(len(b.done))} complete"
     parts = [f"{_count(len(b.done))} complete"]
     for step in b.in_doubt:
@@ -123,7 +120,10 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
         parts.append(f"{step} in doubt since {_clock(since, tz)}" if since else f"{step} in doubt")
     for step in b.failed:
         parts.append(f"{step} failed (attempt {b.latest[step].attempt})")
-    parts.append(f"{_count(len(b.remainder))} remaining")
+    if b.plan_known:
+        parts.append(f"{_count(len(b.remainder))} remaining")
+    else:
+        parts.append("the rest unknown: this deploy does not have the run's workflow")
     return ", ".join(parts)
 
 

@@ -86,7 +86,10 @@ class RunStep(models.Model):
     """One attempt at one step. Appended, never overwritten; its status moves forward once from started."""
 
     pk = models.CompositePrimaryKey("run_id", "step", "attempt")
-    run = models.ForeignKey(RunState, on_delete=models.CASCADE, db_column="run_id", related_name="attempts")
+    # No index of its own: the primary key (run_id, step, attempt) already serves lookups by run, and every
+    # step inserts a row, so each needless index is paid on every step.
+    run = models.ForeignKey(RunState, on_delete=models.CASCADE, db_column="run_id", related_name="attempts",
+                            db_index=False)
     step = models.CharField(max_length=200)
     attempt = models.PositiveIntegerField(default=1)
     status = models.CharField(max_length=20, choices=StepStatus.choices)

@@ -135,7 +135,10 @@ def settle(workers: Workers, run_ids: list[str], env: dict[str, str], *, folder:
     Returns what it printed. It must exit 0 without a traceback: waiting and needs_decision are outcomes.
     """
     name = f"resumer-{len(workers.procs)}"
-    worker = spawn(workers, folder, name, "--loop", "--interval", "0.1", "--lease", "1", **env)
+    worker = spawn(workers, folder, name, "--loop", "--interval", "0.1", "--lease", "1", "-v", "2", **env)
+    # SIGTERM ends --loop cleanly only once the command has installed its handler: its first summary says so.
+    wait_until(lambda: worker.out.stat().st_size > 0 or worker.proc.poll() is not None, timeout=30,
+               what="the resumer's first pass")
     proc = worker.proc
     try:
         wait_until(lambda: not set(statuses(run_ids).values()) & set(ACTIVE) or proc.poll() is not None,

@@ -59,8 +59,9 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
     def launch(slot: str) -> Worker:
         nonlocal generation
         generation += 1
+        # -v 2: idle passes print their summary too, which is how the test knows the worker is up
         return spawn(workers, tmp_path, f"soak-{slot}-{generation}", "--loop", "--interval", "0.1",
-                     "--lease", "1", **SOAK_ENV)
+                     "--lease", "1", "-v", "2", **SOAK_ENV)
 
     slots = {"A": launch("A"), "B": launch("B")}
     kills = 0
