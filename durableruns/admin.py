@@ -229,8 +229,21 @@ class EscalationChangeList(ChangeList):
 # -- runs --------------------------------------------------------------------------------------------------
 
 
+class ReadOnlyRecord(admin.ModelAdmin):
+    """The record is written by workers and services only: no admin form adds, edits or deletes a row."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(RunState)
-class RunStateAdmin(admin.ModelAdmin):
+class RunStateAdmin(ReadOnlyRecord):
     """Runs, newest first, each with the sentence that says where it stands; read-only, two confirmed actions."""
 
     list_display = ("run_id", "workflow", "status_badge", "where_it_stands", "owner", "lease_expires_at", "age",
@@ -249,16 +262,6 @@ class RunStateAdmin(admin.ModelAdmin):
         ("Ownership", {"fields": (("owner", "epoch"), ("lease_expires_at", "wake_at"))}),
         ("Record", {"fields": (("created_at", "updated_at"), "plan_fingerprint", "input_json")}),
     )
-
-    # The record is written by workers and services only: nothing here edits, adds or deletes a row.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may act on runs (cancel, retry, decide their escalations) must be able to see them.
@@ -435,7 +438,7 @@ class DecisionStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(Escalation)
-class EscalationAdmin(admin.ModelAdmin):
+class EscalationAdmin(ReadOnlyRecord):
     """The queue of in-doubt steps a person must decide, each row carrying what deciding needs."""
 
     # Few, dense columns, so a row fits a laptop screen: the escalation's cell carries its decision, and the
@@ -449,15 +452,6 @@ class EscalationAdmin(admin.ModelAdmin):
     actions = None
     change_list_template = "durableruns/admin/escalation_change_list.html"
     page_template = "durableruns/admin/escalation_page.html"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or self.has_decide_permission(request)

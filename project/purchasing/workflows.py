@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +22,17 @@ CALL_TIMEOUT = timedelta(seconds=float(os.environ.get("PURCHASING_CALL_TIMEOUT",
 QUOTE_ITEM_SECONDS = float(os.environ.get("PURCHASING_QUOTE_ITEM_SECONDS", 0))
 
 purchase_order = Workflow("purchase_order")
+
+
+def by_key(system: str, method: str) -> Callable[[Any], dict[str, Any] | None]:
+    """A lookup that asks `system` for the effect by the step's own key: never a search."""
+
+    def lookup(ctx: Any) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = getattr(getattr(systems(), system), method)(ctx.effect_key)
+        return found
+
+    lookup.__name__ = f"{system}.{method}"
+    return lookup
 
 
 @purchase_order.step(policy="re_executable")
@@ -40,11 +52,7 @@ def quote(ctx: Any) -> dict[str, Any]:
     return {"total": sum(prices), "lines": len(prices)}
 
 
-def find_credit_check(ctx: Any) -> dict[str, Any] | None:
-    return systems().credit.lookup(ctx.effect_key)
-
-
-@purchase_order.step(policy="resolvable", lookup=find_credit_check,
+@purchase_order.step(policy="resolvable", lookup=by_key("credit", "lookup"),
                      lookup_lag=timedelta(seconds=_config.credit.lookup_lag), timeout=CALL_TIMEOUT,
                      fails_on=FarRejected)
 def credit_check(ctx: Any) -> dict[str, Any]:
@@ -58,11 +66,8 @@ def credit_check(ctx: Any) -> dict[str, Any]:
     return result
 
 
-def find_charge(ctx: Any) -> dict[str, Any] | None:
-    return systems().payments.lookup(ctx.effect_key)
-
-
-@purchase_order.step(policy="resolvable", lookup=find_charge, timeout=CALL_TIMEOUT, fails_on=FarRejected)
+@purchase_order.step(policy="resolvable", lookup=by_key("payments", "lookup"), timeout=CALL_TIMEOUT,
+                     fails_on=FarRejected)
 def charge(ctx: Any) -> dict[str, Any]:
     """Charge the buyer under an idempotency key; the provider can be asked for the charge by that key."""
     result = systems().payments.charge(amount=ctx.results["quote"]["total"], currency="EUR",
@@ -71,11 +76,8 @@ def charge(ctx: Any) -> dict[str, Any]:
     return result
 
 
-def find_order(ctx: Any) -> dict[str, Any] | None:
-    return systems().portal.get_by_key(ctx.effect_key)
-
-
-@purchase_order.step(policy="resolvable", lookup=find_order, timeout=CALL_TIMEOUT, fails_on=FarRejected)
+@purchase_order.step(policy="resolvable", lookup=by_key("portal", "get_by_key"), timeout=CALL_TIMEOUT,
+                     fails_on=FarRejected)
 def place_order(ctx: Any) -> dict[str, Any]:
     """Submit the order to the supplier portal under our key. Never ask its lagging search whether it exists."""
     order = ctx.results["parse_request"]
@@ -85,11 +87,8 @@ def place_order(ctx: Any) -> dict[str, Any]:
     return result
 
 
-def find_shipment(ctx: Any) -> dict[str, Any] | None:
-    return systems().carrier.lookup(ctx.effect_key)
-
-
-@purchase_order.step(policy="resolvable", lookup=find_shipment, timeout=CALL_TIMEOUT, fails_on=FarRejected)
+@purchase_order.step(policy="resolvable", lookup=by_key("carrier", "lookup"), timeout=CALL_TIMEOUT,
+                     fails_on=FarRejected)
 def book_shipment(ctx: Any) -> dict[str, Any]:
     """Book the shipment with the carrier under our key; the carrier looks bookings up by that key."""
     order = ctx.results["parse_request"]

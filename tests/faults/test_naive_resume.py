@@ -36,7 +36,7 @@ def test_a_search_right_after_the_crash_orders_again_a_lookup_by_key_does_not(
     assert portal.duplicates() == {key: 2}
 
     # durableruns' resume asks the portal for the order by our own key: the first order, at once.
-    found = workflows.find_order(SimpleNamespace(effect_key=key))
+    found = workflows.purchase_order["place_order"].lookup(SimpleNamespace(effect_key=key))
     assert found == accepted
 
 
