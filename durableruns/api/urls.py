@@ -8,6 +8,7 @@ from __future__ import annotations
 from django.urls import URLPattern, path, register_converter
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView
+from rest_framework.permissions import IsAuthenticated
 
 from durableruns.api import views
 
@@ -29,7 +30,10 @@ register_converter(RunIdConverter, "run_id")
 
 @extend_schema(exclude=True)
 class SchemaView(SpectacularAPIView):
-    """The OpenAPI document, public (drf-spectacular's SERVE_PERMISSIONS); left out of the document itself."""
+    """The OpenAPI document, for signed-in callers like the rest of the API (it names the deploy's workflows);
+    left out of the document itself."""
+
+    permission_classes = [IsAuthenticated]
 
 app_name = "durableruns-api"
 

@@ -29,8 +29,9 @@ EXAMPLES = 50  # per operation and pass: about 550 requests
 NOTHING_TO_NEGATE = {"GET /api/runs/{run_id}/"}
 
 
-def test_the_schema_is_served_and_names_every_operation(anonymous):
-    response = anonymous.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+def test_the_schema_is_served_to_signed_in_callers_and_names_every_operation(anonymous, client_for, reader):
+    assert anonymous.get("/api/schema/").status_code == 401
+    response = client_for(reader).get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert response.status_code == 200
     schema = response.json()
     served = {(method.upper(), path) for path, item in schema["paths"].items() for method in item}
@@ -51,7 +52,8 @@ def test_fuzzing_every_operation_finds_no_server_error(superuser):
     complete("po-1", "first", {"ok": 1})
     escalation = escalated_run(run_id="po-2")
     token = Token.objects.create(user=superuser)
-    schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application())
+    schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", get_wsgi_application(),
+                                            headers={"Authorization": f"Token {token.key}"})
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {(op.method.upper(), op.path) for op in operations} == OPERATIONS
     # Generated path parameters rarely name a row; a second pass pins them to seeded rows so that GETs and
