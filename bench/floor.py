@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any, Optional
 
 import psycopg
@@ -197,29 +198,46 @@ def two_commit_step(conn: psycopg.Connection[Any], run_id: str, index: int, *, e
             raise RuntimeError(f"step {run_id}/{step} was not in 'started'")
 
 
-def two_commit_workload(conn: psycopg.Connection[Any], *, runs: int = 20, steps: int = 9,
-                        name: str = "floor_two_commit_step") -> Workload:
-    """``runs`` fresh runs of ``steps`` steps, each step's bookkeeping as two commits."""
+def _runs_workload(conn: psycopg.Connection[Any], *, runs: int, steps: int, name: str,
+                   per_run: Callable[[psycopg.Connection[Any], str, int], None]) -> Workload:
+    """``runs`` fresh runs (created untimed) whose bookkeeping ``per_run`` does, ``steps`` steps each."""
 
     def setup() -> list[str]:
         return create_runs(conn, new_run_ids(runs))
 
     def work(run_ids: list[str]) -> None:
         for run_id in run_ids:
-            for index in range(1, steps + 1):
-                two_commit_step(conn, run_id, index)
+            per_run(conn, run_id, steps)
 
     return Workload(name=name, run=work, ops=runs * steps, setup=setup)
+
+
+def _measure_workload(make: Callable[[psycopg.Connection[Any]], Workload], *, repeat: int, warmup: int,
+                      dbname: str) -> Summary:
+    with connect(dbname) as conn:
+        reset_tables(conn)
+        w = make(conn)
+        return measure(w.run, repeat=repeat, warmup=warmup, ops=w.ops, setup=w.setup)
+
+
+def two_commit_run(conn: psycopg.Connection[Any], run_id: str, steps: int) -> None:
+    """A whole run's bookkeeping with two commits per step."""
+    for index in range(1, steps + 1):
+        two_commit_step(conn, run_id, index)
+
+
+def two_commit_workload(conn: psycopg.Connection[Any], *, runs: int = 20, steps: int = 9,
+                        name: str = "floor_two_commit_step") -> Workload:
+    """``runs`` fresh runs of ``steps`` steps, each step's bookkeeping as two commits."""
+    return _runs_workload(conn, runs=runs, steps=steps, name=name, per_run=two_commit_run)
 
 
 def measure_two_commit_step(
     *, repeat: int = 10, runs: int = 20, steps: int = 9, warmup: int = 1, dbname: str = BENCH_DB
 ) -> Summary:
     """Milliseconds per step with two commits per step; ``runs`` fresh runs of ``steps`` steps per repetition."""
-    with connect(dbname) as conn:
-        reset_tables(conn)
-        w = two_commit_workload(conn, runs=runs, steps=steps)
-        return measure(w.run, repeat=repeat, warmup=warmup, ops=w.ops, setup=w.setup)
+    return _measure_workload(lambda conn: two_commit_workload(conn, runs=runs, steps=steps), repeat=repeat,
+                             warmup=warmup, dbname=dbname)
 
 
 # --- (c) one statement (one commit) per step -----------------------------------
@@ -271,25 +289,16 @@ def one_statement_run(conn: psycopg.Connection[Any], run_id: str, steps: int, *,
 def one_statement_workload(conn: psycopg.Connection[Any], *, runs: int = 20, steps: int = 9,
                            name: str = "floor_one_statement_step") -> Workload:
     """``runs`` fresh runs of ``steps`` steps, one fenced statement per step plus each run's first intent."""
-
-    def setup() -> list[str]:
-        return create_runs(conn, new_run_ids(runs))
-
-    def work(run_ids: list[str]) -> None:
-        for run_id in run_ids:
-            one_statement_run(conn, run_id, steps)
-
-    return Workload(name=name, run=work, ops=runs * steps, setup=setup)
+    return _runs_workload(conn, runs=runs, steps=steps, name=name,
+                          per_run=lambda c, run_id, n: one_statement_run(c, run_id, n))
 
 
 def measure_one_statement_step(
     *, repeat: int = 10, runs: int = 20, steps: int = 9, warmup: int = 1, dbname: str = BENCH_DB
 ) -> Summary:
     """Milliseconds per step with one fenced statement per step (plus each run's first intent, included)."""
-    with connect(dbname) as conn:
-        reset_tables(conn)
-        w = one_statement_workload(conn, runs=runs, steps=steps)
-        return measure(w.run, repeat=repeat, warmup=warmup, ops=w.ops, setup=w.setup)
+    return _measure_workload(lambda conn: one_statement_workload(conn, runs=runs, steps=steps), repeat=repeat,
+                             warmup=warmup, dbname=dbname)
 
 
 # --- self-check ----------------------------------------------------------------
