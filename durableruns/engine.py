@@ -7,12 +7,13 @@ functions, and it never turns an unknown outcome into a failure: only a declared
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -122,6 +123,9 @@ class _Pass:
     results: dict[str, Any] = field(default_factory=dict)
     steps_run: int = 0
     finished: bool = False  # the last result commit also completed the run
+    # The attempt in hand's last committed loop position and progress: where a new attempt continues.
+    loop_cursor: int = 0
+    progress: dict[str, Any] = field(default_factory=dict)
     # The attempt number from which each step's attempts count again after a staff retry; read on first need.
     _floors: dict[str, int] | None = None
 
@@ -322,14 +326,17 @@ class Engine:
         """Run the step; return its result and the result's JSON (encoded once, refused here if it is not)."""
         lease = state.lease
 
+        state.loop_cursor, state.progress = intent.loop_cursor, dict(intent.progress or {})
+
         def checkpoint(loop_cursor: int, progress: dict[str, Any]) -> None:
             store.checkpoint(lease, step=step.name, attempt=intent.attempt, loop_cursor=loop_cursor,
                              progress=progress, now=self.clock())
+            state.loop_cursor, state.progress = loop_cursor, copy.deepcopy(progress)  # as committed
 
         ctx = StepContext(
             run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
             effect_key=intent.effect_key, attempt=intent.attempt,
-            timeout=step.timeout or conf.default_timeout(),
+            timeout=_timeout(step),
             progress=dict(intent.progress or {}), loop_start=intent.loop_cursor, checkpoint=checkpoint,
         )
         ensure_autocommit()
@@ -342,6 +349,10 @@ class Engine:
         now = self.clock()
         error = _describe(exc)
         log.info("run %s: %s attempt %s raised %s", state.run_id, step.name, intent.attempt, error)
+        # What the attempt committed, as the record has it: a new attempt continues from its last checkpoint.
+        attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
+                              effect_key=intent.effect_key, started_at=started_at,
+                              loop_cursor=state.loop_cursor, progress=state.progress)
         if step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE:
             store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, now=now,
                                  intent_recorded=recorded, effect_key=intent.effect_key)
@@ -349,14 +360,13 @@ class Engine:
                                     max_attempts=step.max_attempts, now=now, backoff=conf.retry_backoff(),
                                     backoff_max=conf.retry_backoff_max())
             if verdict.action is Action.RUN:
-                return self._fresh_intent(state, step, index, attempt=intent.attempt + 1), False
+                return self._fresh_intent(state, step, index, attempt=intent.attempt + 1,
+                                          restored=attempt if attempt.loop_cursor else None), False
             status = RunStatus.WAITING if verdict.action is Action.WAIT else RunStatus.FAILED
             raise _Stop(self._release(state.lease, status, f"{step.name}: {error}; {verdict.reason}",
                                    wake_at=verdict.until))
         # The call may have reached the far system: the attempt stays started (in doubt) and goes through
         # its policy, exactly as if the process had died here.
-        attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
-                              effect_key=intent.effect_key, started_at=started_at)
         moved, _ = self._settle(state, step, index, attempt, cause=error.splitlines()[-1])
         if moved is None:
             return None
@@ -385,7 +395,7 @@ class Engine:
         assert step.lookup is not None  # guaranteed by Workflow.step(); kept for the type checker
         ctx = StepContext(run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
                           effect_key=attempt.effect_key, attempt=attempt.attempt,
-                          timeout=step.timeout or conf.default_timeout())
+                          timeout=_timeout(step))
         try:
             ensure_autocommit()
             found = step.lookup(ctx)
@@ -396,7 +406,7 @@ class Engine:
         except Exception as exc:  # a lookup that raises proves nothing; never taken as absence
             return after_lookup_error(_describe(exc), now=self.clock(), retry_in=conf.lookup_retry())
         return after_lookup(found, attempt=attempt, now=self.clock(),
-                            timeout=step.timeout or conf.default_timeout(), lookup_lag=step.lookup_lag)
+                            timeout=_timeout(step), lookup_lag=step.lookup_lag)
 
     def _escalation_state(self, run_id: str, step: Step, attempt: StepAttempt) -> tuple[Outcome | None, bool]:
         if step.policy is not Policy.ESCALATE:
@@ -419,6 +429,11 @@ class Engine:
         store.release(lease, status=status, now=self.clock(), wake_at=wake_at, reason=reason)
         detail = f"{reason} (until {wake_at:%H:%M:%S})" if wake_at else reason
         return RunOutcome(run_id=lease.run_id, status=status, detail=detail)
+
+
+def _timeout(step: Step) -> timedelta:
+    """The step's declared timeout; zero is a declaration too, only None falls back to the default."""
+    return conf.default_timeout() if step.timeout is None else step.timeout
 
 
 def _describe(exc: BaseException) -> str:

@@ -418,3 +418,26 @@ def test_a_run_started_inside_the_callers_transaction_lives_and_dies_with_it():
         with pytest.raises(DuplicateRun):
             durableruns.start("scripted", {}, run_id="tx-2")
     assert RunState.objects.filter(pk="tx-2").exists()  # the duplicate did not spoil the caller's transaction
+
+
+@pytest.mark.parametrize("policy", ["re_executable", "resolvable"])
+def test_a_step_that_raises_mid_loop_is_retried_from_its_last_checkpoint(policy):
+    wf = durableruns.Workflow(f"loop_raises_{policy}")
+    seen: list[int] = []
+
+    @wf.step(policy=policy, lookup=(lambda ctx: None) if policy == "resolvable" else None,
+             timeout=timedelta(0), lookup_lag=timedelta(0))
+    def walk(ctx):
+        done = ctx.progress.setdefault("done", [])
+        for item in ctx.loop(list(range(60)), every=10):
+            seen.append(item)
+            done.append(item)
+            if item == 34 and ctx.attempt == 1:
+                raise ConnectionError("reset mid-loop")
+        return {"count": len(done)}
+
+    run_id = make_run(wf.name)
+    services.resume_due()
+    assert seen == list(range(35)) + list(range(30, 60))  # redid 30..34, at most `every` items
+    row = RunStep.objects.get(run_id=run_id, step="walk", attempt=2)
+    assert row.status == "completed" and row.result == {"count": 60}
