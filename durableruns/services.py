@@ -176,7 +176,7 @@ def preview_due(*, limit: int = 100, run_id: str | None = None, clock: Clock = t
     runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else RunState.objects.due(now).order_by(
         "created_at")
     previews = []
-    for run in runs[:limit]:
+    for run in runs.with_attempts()[:limit]:
         b = boundary_of(run)
         previews.append(Preview(run_id=run.run_id, boundary=b, would=_would(run, b)))
     return previews
