@@ -336,7 +336,7 @@ class Engine:
         ctx = StepContext(
             run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
             effect_key=intent.effect_key, attempt=intent.attempt,
-            timeout=_timeout(step),
+            timeout=step_timeout(step),
             progress=dict(intent.progress or {}), loop_start=intent.loop_cursor, checkpoint=checkpoint,
         )
         ensure_autocommit()
@@ -395,7 +395,7 @@ class Engine:
         assert step.lookup is not None  # guaranteed by Workflow.step(); kept for the type checker
         ctx = StepContext(run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
                           effect_key=attempt.effect_key, attempt=attempt.attempt,
-                          timeout=_timeout(step))
+                          timeout=step_timeout(step))
         try:
             ensure_autocommit()
             found = step.lookup(ctx)
@@ -406,7 +406,7 @@ class Engine:
         except Exception as exc:  # a lookup that raises proves nothing; never taken as absence
             return after_lookup_error(_describe(exc), now=self.clock(), retry_in=conf.lookup_retry())
         return after_lookup(found, attempt=attempt, now=self.clock(),
-                            timeout=_timeout(step), lookup_lag=step.lookup_lag)
+                            timeout=step_timeout(step), lookup_lag=step.lookup_lag)
 
     def _escalation_state(self, run_id: str, step: Step, attempt: StepAttempt) -> tuple[Outcome | None, bool]:
         if step.policy is not Policy.ESCALATE:
@@ -431,7 +431,7 @@ class Engine:
         return RunOutcome(run_id=lease.run_id, status=status, detail=detail)
 
 
-def _timeout(step: Step) -> timedelta:
+def step_timeout(step: Step) -> timedelta:
     """The step's declared timeout; zero is a declaration too, only None falls back to the default."""
     return conf.default_timeout() if step.timeout is None else step.timeout
 

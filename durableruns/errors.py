@@ -12,7 +12,8 @@
     ├── EscalationNotFound        no open escalation for that run and step
     ├── AlreadyDecided            the escalation was decided before (carries who decided first)
     ├── InvalidDecision           the outcome is not one of happened / did_not_happen / abandon
-    └── RunNotActionable          a staff action does not fit the run's status (cancel a completed run, ...)
+    ├── RunNotActionable          a staff action does not fit the run's status (cancel a completed run, ...)
+    └── NotMeasurable             measure_loop cannot measure that step (unknown, not re_executable, no loop)
 
 `Rejected` is not in this tree: it is what a step raises to say the far system refused the call, an
 observed failure. The engine records it as a failed attempt.
@@ -82,6 +83,10 @@ class InvalidDecision(DurableRunsError):
 
 class RunNotActionable(DurableRunsError):
     """The run's status does not allow that action."""
+
+
+class NotMeasurable(DurableRunsError):
+    """That step's loop cannot be measured."""
 
 
 class Rejected(Exception):

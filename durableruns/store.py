@@ -150,6 +150,15 @@ def _attempt(row: dict[str, Any]) -> StepAttempt:
     return StepAttempt(**row)
 
 
+# The workflow name of measure_loop's scratch runs: never registered, so no worker can run one.
+SCRATCH_WORKFLOW = "durableruns.measure_loop (scratch run)"
+
+
+def delete_scratch_run(run_id: str) -> None:
+    """Delete a measuring scratch run and its attempts; a real run is never deleted, whatever the id."""
+    RunState.objects.filter(pk=run_id, workflow=SCRATCH_WORKFLOW).delete()
+
+
 def _intent_params(intent: Intent) -> dict[str, Any]:
     return {"i_step": intent.step, "i_attempt": intent.attempt, "i_key": intent.effect_key,
             "i_loop": intent.loop_cursor, "i_progress": to_json(intent.progress or {}, what="progress")}
