@@ -27,9 +27,6 @@ class RunStateQuerySet(models.QuerySet):
         """Due runs, oldest first, locked for the caller and skipped if another worker holds the lock."""
         return self.due(now).order_by("created_at").select_for_update(skip_locked=True)
 
-    def needing_decision(self) -> RunStateQuerySet:
-        return self.filter(status="needs_decision")
-
     def with_attempts(self) -> RunStateQuerySet:
         """Runs with all their attempts in one extra query: what each run's boundary and sentence need."""
         return self.prefetch_related("attempts")
@@ -47,10 +44,6 @@ class RunStepQuerySet(models.QuerySet):
     def of_run(self, run_id: str) -> RunStepQuerySet:
         """Every attempt of a run, in the order they were made: one query for the boundary."""
         return self.filter(run_id=run_id).order_by("started_at", "step", "attempt")
-
-    def in_doubt(self) -> RunStepQuerySet:
-        """Attempts whose intent was recorded and whose outcome never was."""
-        return self.filter(status="started")
 
 
 class EscalationQuerySet(models.QuerySet):
