@@ -29,3 +29,8 @@ def lookup_retry() -> timedelta:
 def default_timeout() -> timedelta:
     """The longest a step's far call may stay open when the step declares no timeout."""
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_DEFAULT_TIMEOUT_SECONDS", 30.0)))
+
+
+def prepared_statements() -> bool:
+    """Whether the PostgreSQL hot path prepares its statements; turn off behind a pooler that cannot keep them."""
+    return bool(getattr(settings, "DURABLERUNS_PREPARED_STATEMENTS", True))

@@ -5,6 +5,12 @@ The fence is a data-modifying CTE on run_state conditioned on the worker's epoch
 attempt still being `started`); every other write in the statement reads from it, so a stale worker writes
 nothing at all. PostgreSQL runs every data-modifying CTE to completion whether or not the outer query reads
 it. store.py calls these only when the connection is PostgreSQL and falls back to the ORM otherwise.
+
+The statements are server-side prepared (DURABLERUNS_PREPARED_STATEMENTS, on by default): the database parses
+each once per connection and the worker no longer interpolates values into SQL text; in-process, that took
+about a sixth off the database's and the worker's CPU per step. Only these statements are prepared: Django's own
+queries keep its client-side binding. A deployment behind a pooler that cannot keep prepared statements turns it
+off.
 """
 
 from __future__ import annotations
@@ -12,7 +18,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.utils import CursorWrapper
+
+from durableruns import conf
 
 _CLAIM = """
 UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
@@ -85,14 +95,47 @@ UPDATE run_step SET loop_cursor = %(loop)s, progress = %(progress)s::jsonb
 """
 
 
+class _PreparedCursor(psycopg.Cursor[Any]):
+    """A server-side binding cursor whose every statement is prepared (parsed once per connection)."""
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                binary: bool | None = None) -> _PreparedCursor:
+        super().execute(query, params, prepare=True, binary=binary)
+        return self
+
+
+# Above any count a statement reaches, so psycopg prepares nothing on its own: only what asks (prepare=True).
+_ONLY_WHEN_ASKED = 2**62
+
+
+def _cursor() -> Any:
+    """A cursor for the hot path, wrapped like Django's own (error translation, execute wrappers).
+
+    Where Django logs queries (DEBUG, CaptureQueriesContext) the statements go unprepared, through Django's own
+    cursor, so the log shows them with their values like every other query.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.queries_logged or not conf.prepared_statements():
+        return db.cursor()
+    db.ensure_connection()
+    raw = db.connection
+    if raw.prepare_threshold is None:  # Django turns preparing off for the whole connection by default
+        raw.prepare_threshold = _ONLY_WHEN_ASKED
+        # Parse once, plan at each execution: a plan cached while the tables are small (a fresh install, a
+        # test) would keep scanning them sequentially as they grow. Only prepared statements are affected.
+        with raw.cursor() as setup:
+            setup.execute("SET plan_cache_mode = force_custom_plan")
+    return CursorWrapper(_PreparedCursor(raw), db)  # what db.make_cursor() does
+
+
 def _one(sql: str, params: dict[str, Any]) -> Any:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 
 
 def _rowcount(sql: str, params: dict[str, Any]) -> int:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
 
