@@ -103,20 +103,26 @@ class FencedOut(Exception):
     """A fenced write matched no run_state row: this worker's epoch is stale."""
 
 
-def connect(dbname: str = BENCH_DB) -> psycopg.Connection[Any]:
+def connect(dbname: str = BENCH_DB, *, prepared: bool = False) -> psycopg.Connection[Any]:
     """An autocommit connection configured the way Django 5.2's psycopg 3 backend configures one.
 
     Django uses client-side binding cursors (``ClientCursor``) unless
     ``server_side_binding`` is set, ``prepare_threshold=None`` and sets the
-    session time zone to UTC when it differs.
+    session time zone to UTC when it differs. With ``prepared``, the settings
+    of durableruns' PostgreSQL hot path instead (durableruns.pgsql): server-side
+    binding, every statement prepared, each execution planned afresh.
     """
     ensure_database(dbname)
-    conn = psycopg.connect(
-        conninfo(dbname),
-        autocommit=True,
-        cursor_factory=psycopg.ClientCursor,
-        prepare_threshold=None,
-    )
+    if prepared:
+        conn = psycopg.connect(conninfo(dbname), autocommit=True, prepare_threshold=0)
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+    else:
+        conn = psycopg.connect(
+            conninfo(dbname),
+            autocommit=True,
+            cursor_factory=psycopg.ClientCursor,
+            prepare_threshold=None,
+        )
     if conn.info.parameter_status("TimeZone") != "UTC":
         conn.execute("SELECT set_config('TimeZone', %s, false)", ("UTC",))
     return conn
