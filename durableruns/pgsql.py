@@ -70,17 +70,17 @@ WITH fence AS (
 done AS (
   UPDATE run_step SET status = 'completed', result = %(result)s::jsonb, finished_at = %(now)s,
          resolution = %(resolution)s
-   WHERE run_id IN (SELECT run_id FROM fence) AND step = %(step)s AND attempt = %(attempt)s
-     AND status = 'started'
+   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started'
+     AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
 """
 _STILL_RUNNING = "lease_expires_at = %(expiry)s"
 _FINISHED = "status = 'completed', lease_expires_at = NULL, wake_at = NULL, reason = ''"
 _RECORD_RESULT = {
-    (False, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + "SELECT count(*) FROM fence",
-    (False, True): _RESULT_HEAD.format(state=_FINISHED) + "SELECT count(*) FROM fence",
+    (False, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + "SELECT 1 FROM fence",
+    (False, True): _RESULT_HEAD.format(state=_FINISHED) + "SELECT 1 FROM fence",
     (True, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + ", intent AS (" + _INTENT_ROW
-    + " RETURNING 1) SELECT count(*) FROM fence",
+    + " RETURNING 1) SELECT 1 FROM fence",
 }
 
 _CHECKPOINT = """
@@ -91,7 +91,7 @@ WITH fence AS (
                   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
   RETURNING run_id)
 UPDATE run_step SET loop_cursor = %(loop)s, progress = %(progress)s::jsonb
- WHERE run_id IN (SELECT run_id FROM fence) AND step = %(step)s AND attempt = %(attempt)s
+ WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND EXISTS (SELECT 1 FROM fence)
 """
 
 
@@ -163,7 +163,7 @@ def record_result(*, run: str, epoch: int, owner: str, now: datetime, expiry: da
               "step": step, "attempt": attempt, "result": result, "resolution": resolution}
     if intent is not None:
         params.update(intent)
-    return bool(_one(_RECORD_RESULT[(intent is not None, finish)], params)[0] == 1)
+    return _one(_RECORD_RESULT[(intent is not None, finish)], params) is not None
 
 
 def checkpoint(*, run: str, epoch: int, now: datetime, expiry: datetime, step: str, attempt: int, loop: int,
