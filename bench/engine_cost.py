@@ -1,10 +1,11 @@
 """What a durable step costs: durableruns end to end against the raw psycopg floor and against DBOS.
 
-Six workloads are timed side by side in rotating rounds (so a load that drifts hits all of them): one
+Seven workloads are timed side by side in rotating rounds (so a load that drifts hits all of them): one
 committed single-row UPDATE through raw psycopg, both on the settings Django uses (client-side binding) and on
 those of durableruns' hot path (prepared); a step's bookkeeping done by hand (two commits, and one fenced
 statement) on Django's settings; a 9-step run of no-op steps through durableruns
-(services.start_run, then services.resume_due in this process: claim, boundary, intent, result); and the same
+(services.start_run, then services.resume_due in this process: claim, boundary, intent, result), with its
+statements prepared (the default) and not; and the same
 9 no-op steps as a DBOS Transact workflow. It also counts the commits durableruns makes per run, which the
 design bounds at (9 + 3) / 9 per step: the run's creation, its claim, the first intent, then one commit per step
 that records its result together with the next step's intent (the last one completes the run).
@@ -21,6 +22,8 @@ from bench import app, dbos_baseline, floor
 from bench.pg import Databases
 from bench.stats import Workload, interleave, ratio
 from bench.workflows import NOOP_STEPS, noop9
+from django.test import override_settings
+
 from durableruns import services
 
 WORKFLOW = noop9.name
@@ -35,12 +38,16 @@ def run_once() -> None:
         raise RuntimeError(f"the bench run did not complete in one pass: {report.summary()}")
 
 
-def durableruns_workload(runs: int) -> Workload:
-    def work(_prepared: None) -> None:
-        for _ in range(runs):
-            run_once()
+def durableruns_workload(runs: int, *, prepared: bool = True) -> Workload:
+    """``runs`` runs end to end; with ``prepared`` False, the hot path as it was before it prepared its statements
+    (DURABLERUNS_PREPARED_STATEMENTS off), to show what preparing buys."""
 
-    return Workload(name="durableruns", run=work, ops=runs * NOOP_STEPS)
+    def work(_setup: None) -> None:
+        with override_settings(DURABLERUNS_PREPARED_STATEMENTS=prepared):
+            for _ in range(runs):
+                run_once()
+
+    return Workload(name="durableruns" if prepared else "durableruns_unprepared", run=work, ops=runs * NOOP_STEPS)
 
 
 def count_commits() -> dict[str, Any]:
@@ -79,6 +86,7 @@ def measure(*, dbs: Databases, repeat: int, runs: int, commits: int, dbos_workfl
             floor.two_commit_workload(conn, runs=runs, steps=NOOP_STEPS),
             floor.one_statement_workload(conn, runs=runs, steps=NOOP_STEPS),
             durableruns_workload(runs),
+            durableruns_workload(runs, prepared=False),
             dbos(dbos_workflows),
         ]
         ms = interleave(workloads, repeat=repeat)
@@ -97,6 +105,8 @@ def measure(*, dbs: Databases, repeat: int, runs: int, commits: int, dbos_workfl
         "ms_per_step_floor_two_commits": ms["floor_two_commit_step"],
         "ms_per_step_floor_one_statement": ms["floor_one_statement_step"],
         "ms_per_step_durableruns": engine,
+        "ms_per_step_durableruns_unprepared": ms["durableruns_unprepared"],
+        "durableruns_prepared_over_unprepared": ratio(engine, ms["durableruns_unprepared"]),
         "ms_per_step_dbos": dbos_ms,
         "durableruns_over_floor_commit": ratio(engine, commit_ms),
         "durableruns_over_floor_of_its_commits": ratio(engine, per_step_floor),

@@ -148,6 +148,8 @@ def _engine_md(e: dict[str, Any]) -> list[str]:
         ["psycopg 3: one step's bookkeeping by hand, one fenced statement",
          _ms(e["ms_per_step_floor_one_statement"])],
         ["durableruns: 9 no-op steps end to end (start_run + resume_due)", _ms(e["ms_per_step_durableruns"])],
+        ["durableruns, statements not prepared (DURABLERUNS_PREPARED_STATEMENTS off)",
+         _ms(e["ms_per_step_durableruns_unprepared"])],
         ["DBOS Transact 3.4: 9 no-op steps", _ms(e["ms_per_step_dbos"])],
     ]
     return table(["workload", "ms per step (p10-p90)"], rows) + [
@@ -162,6 +164,7 @@ def _engine_md(e: dict[str, Any]) -> list[str]:
         f"{_ratio_text(e['durableruns_over_floor_of_its_commits'])}",
         f"- durableruns / hand-written one-statement step: {_ratio_text(e['durableruns_over_floor_one_statement'])}",
         f"- durableruns / DBOS: {_ratio_text(e['durableruns_over_dbos'])}",
+        f"- durableruns prepared / not prepared: {_ratio_text(e['durableruns_prepared_over_unprepared'])}",
         f"- commits per 9-step run: {c['write_commits_per_run']} writing ({c['write_commits_per_step']:.3f} per "
         f"step; the design bound (9 + 3) / 9 = {c['design_bound_per_step']:.3f}: create, claim, first intent, "
         f"then one per step) and {c['read_transactions_per_run']} read (the boundary's query).",
@@ -284,6 +287,7 @@ def _chart_engine(out: Path, e: dict[str, Any]) -> None:
         ("psycopg step\n1 statement", e["ms_per_step_floor_one_statement"]),
         ("psycopg step\n2 commits", e["ms_per_step_floor_two_commits"]),
         ("durableruns", e["ms_per_step_durableruns"]),
+        ("durableruns\nunprepared", e["ms_per_step_durableruns_unprepared"]),
         ("DBOS 3.4", e["ms_per_step_dbos"]),
     ], lines=[(3 * e["ms_per_commit_floor"]["median"], "target: durableruns <= 3 x psycopg commit"),
               (0.5 * e["ms_per_step_dbos"]["median"], "target: durableruns <= 0.5 x DBOS")])

@@ -44,9 +44,10 @@ def test_every_figure_is_written_with_positive_medians(results):
     engine = figures["engine"]
     for name in ("ms_per_commit_floor", "ms_per_commit_floor_client_side", "ms_per_commit_floor_prepared",
                  "ms_per_step_floor_two_commits", "ms_per_step_floor_one_statement",
-                 "ms_per_step_durableruns", "ms_per_step_dbos"):
+                 "ms_per_step_durableruns", "ms_per_step_durableruns_unprepared", "ms_per_step_dbos"):
         positive(engine[name], name)
-    for name in ("durableruns_over_floor_commit", "durableruns_over_dbos", "durableruns_over_floor_of_its_commits"):
+    for name in ("durableruns_over_floor_commit", "durableruns_over_dbos", "durableruns_over_floor_of_its_commits",
+                 "durableruns_prepared_over_unprepared"):
         assert engine[name]["ratio"] > 0
     assert engine["commits"]["write_commits_per_run"] > 0
     # The target's floor is the faster of the two ways to send a commit.
