@@ -59,3 +59,16 @@ def test_where_django_logs_queries_the_statements_are_logged_with_their_values()
     assert all(isinstance(sql, str) and sql for sql in logged), logged
     facts = [sql for sql in logged if sql.lstrip().startswith("WITH fence AS")]  # first intent, 3 results
     assert len(facts) == 4 and all(f"'{run_id}'" in sql for sql in facts), facts
+
+
+def test_plans_are_made_afresh_even_where_the_connection_already_prepares():
+    connection.close()
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = 5  # as OPTIONS {"prepare_threshold": 5} would set it
+    run_to_completion(8)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW plan_cache_mode")
+        assert cursor.fetchone()[0] == "force_custom_plan"
+    statements = prepared_statements()
+    assert statements and all(generic == 0 for generic, _ in statements.values()), statements
+    assert connection.connection.prepare_threshold == 5  # the deployment's own choice is left as it was
