@@ -6,10 +6,14 @@ attempt still being `started`); every other write in the statement reads from it
 nothing at all. PostgreSQL runs every data-modifying CTE to completion whether or not the outer query reads
 it. store.py calls these only when the connection is PostgreSQL and falls back to the ORM otherwise.
 
-The statements are server-side prepared (DURABLERUNS_PREPARED_STATEMENTS, on by default): the database parses
-each once per connection and the worker no longer interpolates values into SQL text; in the benchmark a step
-takes 0.86 of its unprepared time. Only these statements are prepared: Django's own queries keep its client-side
-binding. A deployment behind a pooler that cannot keep prepared statements turns it off.
+The fenced statements are server-side prepared (DURABLERUNS_PREPARED_STATEMENTS, on by default), so PostgreSQL
+parses them once per connection and, once it has seen that a generic plan does as well as a custom one, stops
+planning them: planning was a third of a step's time in the database. A cached plan is only as good as the
+table sizes it was made for (on a table of a few pages PostgreSQL scans sequentially, and keeps doing so as it
+grows), so each connection prepares its statements anew every REPLAN_EVERY executions: a plan outlives at most
+that many rows of growth. The claim is not prepared: it runs once per run, and its best plan depends on how many
+runs are due. Django's own queries keep its client-side binding. A deployment behind a pooler that cannot keep
+prepared statements turns preparing off.
 """
 
 from __future__ import annotations
@@ -106,47 +110,52 @@ class _PreparedCursor(psycopg.Cursor[Any]):
 
 # Above any count a statement reaches, so psycopg prepares nothing on its own: only what asks (prepare=True).
 _ONLY_WHEN_ASKED = 2**62
-_configured: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+# Executions of the hot path on one connection after which its statements are prepared (and planned) anew.
+REPLAN_EVERY = 1000
+_executions: weakref.WeakKeyDictionary[psycopg.Connection[Any], int] = weakref.WeakKeyDictionary()
 
 
-def _cursor() -> Any:
-    """A cursor for the hot path, wrapped like Django's own (error translation, execute wrappers).
+def _prepared(sql: str) -> tuple[Any, str]:
+    """A cursor for one hot-path statement, and the statement's text as this connection prepares it now.
 
-    Where Django logs queries (DEBUG, CaptureQueriesContext) the statements go unprepared, through Django's own
-    cursor, so the log shows them with their values like every other query.
+    Where Django logs queries (DEBUG, CaptureQueriesContext) or preparing is off, Django's own cursor and the
+    plain text, so the log shows the statements with their values like every other query. Otherwise a prepared
+    cursor, wrapped like Django's own (error translation, execute wrappers), and the text tagged with its plan
+    generation: a new tag is a new statement to psycopg, which prepares it and, past its cache size
+    (prepared_max), deallocates the oldest.
     """
     db = connections[DEFAULT_DB_ALIAS]
     if db.queries_logged or not conf.prepared_statements():
-        return db.cursor()
+        return db.cursor(), sql
     db.ensure_connection()
     raw = db.connection
-    if raw not in _configured:
-        if raw.prepare_threshold is None:  # Django turns preparing off for the whole connection by default
-            raw.prepare_threshold = _ONLY_WHEN_ASKED
-        # Parse once, plan at each execution: a plan cached while the tables are small (a fresh install, a
-        # test) would keep scanning them sequentially as they grow. Only prepared statements are affected.
-        with db.wrap_database_errors, raw.cursor() as setup:
-            setup.execute("SET plan_cache_mode = force_custom_plan")
-        _configured.add(raw)
-    return CursorWrapper(_PreparedCursor(raw), db)  # what db.make_cursor() does
+    if raw.prepare_threshold is None:  # Django turns preparing off for the whole connection by default
+        raw.prepare_threshold = _ONLY_WHEN_ASKED
+    count = _executions.get(raw, 0)
+    _executions[raw] = count + 1
+    return CursorWrapper(_PreparedCursor(raw), db), f"{sql}\n-- plan generation {count // REPLAN_EVERY}"
 
 
 def _one(sql: str, params: dict[str, Any]) -> Any:
-    with _cursor() as cursor:
-        cursor.execute(sql, params)
+    cursor, text = _prepared(sql)
+    with cursor:
+        cursor.execute(text, params)
         return cursor.fetchone()
 
 
 def _rowcount(sql: str, params: dict[str, Any]) -> int:
-    with _cursor() as cursor:
-        cursor.execute(sql, params)
+    cursor, text = _prepared(sql)
+    with cursor:
+        cursor.execute(text, params)
         return int(cursor.rowcount)
 
 
 def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any, Any] | None:
     """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
     at once."""
-    row = _one(_CLAIM, {"owner": owner, "now": now, "expiry": expiry})
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:  # planned at each claim, for the runs due now
+        cursor.execute(_CLAIM, {"owner": owner, "now": now, "expiry": expiry})
+        row = cursor.fetchone()
     return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5])
 
 

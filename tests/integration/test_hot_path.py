@@ -1,7 +1,8 @@
-"""The PostgreSQL hot path: its statements are prepared, planned afresh at each execution, and can be turned off.
+"""The PostgreSQL hot path: its fenced statements are prepared, reuse their plans, are prepared anew every
+REPLAN_EVERY executions, and can be turned off.
 
-Planning at each execution matters: a generic plan cached while the tables are small scans them sequentially
-for as long as the worker lives, however much they grow.
+Preparing anew matters: a plan cached while the tables are small scans them sequentially, however much they grow
+afterwards, for as long as the statement lives.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import durableruns
-from durableruns import services
+from durableruns import pgsql, services
 from durableruns.models import RunState, RunStatus
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -31,16 +32,48 @@ def run_to_completion(count: int) -> list[str]:
     return run_ids
 
 
-def test_the_hot_path_prepares_its_statements_and_plans_every_execution():
+def result_with_intent_plan(generation: int) -> str:
+    """The plan this session executes for "result of step N + intent of step N+1" of a plan generation."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, cardinality(parameter_types) FROM pg_prepared_statements"
+                       " WHERE statement LIKE '%%intent AS (%%' AND statement LIKE %s",
+                       [f"%-- plan generation {generation}"])
+        [(name, params)] = cursor.fetchall()
+        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['NULL'] * params)})")
+        return "\n".join(line for (line,) in cursor.fetchall())
+
+
+def test_the_hot_path_prepares_its_fenced_statements_and_reuses_their_plans():
+    connection.close()  # a session of its own: prepared statements live as long as the connection
     run_to_completion(8)  # more executions than PostgreSQL's 5 custom plans before it tries a generic one
     statements = prepared_statements()
-    claims = [s for s in statements if s.startswith("UPDATE run_state SET status = 'running'")]
-    facts = [s for s in statements if s.startswith("WITH fence AS")]
-    assert claims and facts, statements
-    # Only the hot path's statements: Django's own queries keep its client-side binding.
-    assert len(claims) + len(facts) == len(statements), statements
-    assert sum(custom for _, custom in statements.values()) >= 8 * 5  # claim, first intent, 3 results
-    assert all(generic == 0 for generic, _ in statements.values()), statements
+    # Only the fenced statements: the claim is planned at each run, and Django's own queries are client-side.
+    assert statements and all(s.startswith("WITH fence AS") for s in statements), statements
+    assert sum(generic + custom for generic, custom in statements.values()) == 8 * 4  # first intent, 3 results
+    result_with_intent = [counts for s, counts in statements.items() if "intent AS (" in s]
+    assert result_with_intent and result_with_intent[0][0] > 0, statements  # planned once, then reused
+
+
+def test_a_plan_made_on_small_tables_is_made_anew_after_replan_every_executions(monkeypatch):
+    monkeypatch.setattr(pgsql, "REPLAN_EVERY", 60)  # 15 runs of 4 fenced statements
+    connection.close()  # a new connection counts its executions from 0
+    run_to_completion(2)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE run_step, run_state")  # the tables as PostgreSQL sees a new install
+    run_to_completion(3)  # 20 executions: the result statement has its generic plan for a 1-page table
+    assert "Seq Scan on run_step" in result_with_intent_plan(0)
+
+    with connection.cursor() as cursor:  # the table grows past what a sequential scan should read per step
+        cursor.execute("INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch,"
+                       " reason, input, created_at, updated_at) VALUES ('filler', 'scripted', '', 'completed',"
+                       " 0, '', 0, '', '{}', now(), now())")
+        cursor.execute("INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, finished_at,"
+                       " result, error, resolution, owner, epoch, loop_cursor, progress)"
+                       " SELECT 'filler', 'step-' || g, 1, 'completed', 'filler/' || g, now(), now(), 'null',"
+                       " '', '', '', 0, 0, '{}' FROM generate_series(1, 20000) g")
+    run_to_completion(20)  # 80 more executions: generation 1 began at the 60th and has its generic plan
+    plan = result_with_intent_plan(1)
+    assert "Index Scan using run_step_pkey on run_step" in plan and "Seq Scan on run_step" not in plan, plan
 
 
 def test_with_the_setting_off_nothing_is_prepared(settings):
@@ -61,14 +94,14 @@ def test_where_django_logs_queries_the_statements_are_logged_with_their_values()
     assert len(facts) == 4 and all(f"'{run_id}'" in sql for sql in facts), facts
 
 
-def test_plans_are_made_afresh_even_where_the_connection_already_prepares():
+def test_the_deployments_own_prepare_threshold_and_plan_cache_mode_are_left_alone():
     connection.close()
     connection.ensure_connection()
     connection.connection.prepare_threshold = 5  # as OPTIONS {"prepare_threshold": 5} would set it
     run_to_completion(8)
+    statements = prepared_statements()
+    assert any(s.startswith("WITH fence AS") for s in statements), statements
+    assert connection.connection.prepare_threshold == 5
     with connection.cursor() as cursor:
         cursor.execute("SHOW plan_cache_mode")
-        assert cursor.fetchone()[0] == "force_custom_plan"
-    statements = prepared_statements()
-    assert statements and all(generic == 0 for generic, _ in statements.values()), statements
-    assert connection.connection.prepare_threshold == 5  # the deployment's own choice is left as it was
+        assert cursor.fetchone()[0] == "auto"
