@@ -140,7 +140,12 @@ def explain(finished: int) -> dict[str, Any]:
         with CaptureQueriesContext(connection) as captured:
             store.claim(owner=OWNER, lease_seconds=30, now=timezone.now())
         statement = captured.captured_queries[-1]["sql"]
-        plan = [row[0] for row in app.execute("EXPLAIN " + statement)]
+        planning, _, update = statement.rpartition(";\n")  # the claim's SET LOCAL, then its UPDATE
+        with connection.cursor() as cursor:
+            cursor.execute(f"{planning};\nEXPLAIN {update}" if planning else f"EXPLAIN {update}")
+            if planning:
+                cursor.nextset()
+            plan = [row[0] for row in cursor.fetchall()]
     return {"queries_per_claim": len(captured.captured_queries), "plan": plan,
             "uses_active_index": any(INDEX in line for line in plan)}
 

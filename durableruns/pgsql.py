@@ -24,9 +24,16 @@ from typing import Any
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.backends.utils import CursorWrapper
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from durableruns import conf
+
+# Oldest due run first, by walking run_state_active_idx in created_at order: the first unlocked due row ends the
+# scan, however many runs are due. Left to its statistics, PostgreSQL may instead fetch every due run and sort
+# them, at each claim, which makes draining a backlog quadratic: it does so whenever the statistics say almost
+# nothing is due while thousands of runs are (after the tables were emptied and refilled, 10,000 runs drained
+# 17% slower). SET LOCAL holds for this one statement: the two share the query string's implicit transaction.
+_CLAIM_PLANNING = "SET LOCAL enable_sort = off;\n"
 
 _CLAIM = """
 UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
@@ -152,9 +159,15 @@ def _rowcount(sql: str, params: dict[str, Any]) -> int:
 
 def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any, Any] | None:
     """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
-    at once."""
-    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:  # planned at each claim, for the runs due now
-        cursor.execute(_CLAIM, {"owner": owner, "now": now, "expiry": expiry})
+    at once. Planned at each claim, for the runs due now; sent as one query string (client-side binding, simple
+    protocol) with its planner setting."""
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    client_side = psycopg.ClientCursor(db.connection)
+    wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper  # what db.cursor() would wrap it in
+    with wrapper(client_side, db) as cursor:
+        cursor.execute(_CLAIM_PLANNING + _CLAIM, {"owner": owner, "now": now, "expiry": expiry})
+        cursor.nextset()  # past the SET's empty result, to the UPDATE's
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5])
 

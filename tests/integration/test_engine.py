@@ -325,6 +325,20 @@ def test_a_stale_epoch_writes_nothing():
     assert (run.owner, run.cursor, run.status) == ("b", 0, RunStatus.RUNNING)
 
 
+def test_the_claim_takes_the_oldest_due_run_and_never_one_that_is_not_due():
+    now = timezone.now()
+    ids = [make_run(run_id=f"r{i}") for i in range(6)]
+    for age, run_id in enumerate(reversed(ids)):  # r0 oldest ... r5 newest
+        RunState.objects.filter(pk=run_id).update(created_at=now - timedelta(minutes=age + 1))
+    RunState.objects.filter(pk="r0").update(status=RunStatus.RUNNING, lease_expires_at=now + timedelta(seconds=30))
+    RunState.objects.filter(pk="r1").update(status=RunStatus.WAITING, wake_at=now + timedelta(seconds=30))
+    RunState.objects.filter(pk="r2").update(status=RunStatus.NEEDS_DECISION)
+    RunState.objects.filter(pk="r3").update(status=RunStatus.WAITING, wake_at=now - timedelta(seconds=1))
+    RunState.objects.filter(pk="r4").update(status=RunStatus.RUNNING, lease_expires_at=now - timedelta(seconds=1))
+    taken = [store.claim(owner="w", lease_seconds=30, now=now) for _ in range(4)]
+    assert [c.lease.run_id if c else None for c in taken] == ["r3", "r4", "r5", None]
+
+
 def test_a_live_lease_is_not_taken_and_cancel_fences_the_holder():
     run_id = make_run()
     now = timezone.now()

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import durableruns
-from durableruns import pgsql, services
+from durableruns import pgsql, services, store
 from durableruns.models import RunState, RunStatus
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -74,6 +75,37 @@ def test_a_plan_made_on_small_tables_is_made_anew_after_replan_every_executions(
     run_to_completion(20)  # 80 more executions: generation 1 began at the 60th and has its generic plan
     plan = result_with_intent_plan(1)
     assert "Index Scan using run_step_pkey on run_step" in plan and "Seq Scan on run_step" not in plan, plan
+
+
+RUNS_SQL = ("INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, reason, input,"
+            " created_at, updated_at) SELECT %s || g, 'scripted', '', %s, 0, '', 0, '', '{}',"
+            " now() + g * interval '1 ms', now() FROM generate_series(1, %s) g")
+
+
+def claim_plan(*, planning: str) -> str:
+    """EXPLAIN of the engine's claim, sent with `planning` in front as the engine sends its own."""
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(planning + "EXPLAIN " + pgsql._CLAIM, {"owner": "w", "now": now, "expiry": now})
+        if planning:
+            cursor.nextset()
+        return "\n".join(line for (line,) in cursor.fetchall())
+
+
+def test_a_backlog_is_claimed_by_walking_the_index_whatever_the_statistics_say():
+    with connection.cursor() as cursor:  # statistics that say nothing is due, then a backlog of 3,000 runs
+        cursor.execute(RUNS_SQL, ["done-", "completed", 1])
+        cursor.execute("ANALYZE run_state")
+        cursor.execute("TRUNCATE run_state CASCADE")
+        cursor.execute(RUNS_SQL, ["backlog-", "pending", 3000])
+    assert "Sort" in claim_plan(planning="")  # what the statistics alone would have PostgreSQL do, at each claim
+    plan = claim_plan(planning=pgsql._CLAIM_PLANNING)
+    assert "Index Scan using run_state_active_idx" in plan and "Sort" not in plan, plan
+    claimed = store.claim(owner="w", lease_seconds=30, now=timezone.now())
+    assert claimed is not None and claimed.lease.run_id == "backlog-1"
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW enable_sort")
+        assert cursor.fetchone()[0] == "on"  # the setting held for the claim only
 
 
 def test_with_the_setting_off_nothing_is_prepared(settings):
