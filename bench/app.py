@@ -71,8 +71,13 @@ def status_counts() -> dict[str, int]:
 _WRITES = ("INSERT", "UPDATE", "DELETE")
 
 
-def is_write(statement: str) -> bool:
-    """Whether a statement writes: INSERT/UPDATE/DELETE, or a WITH whose CTEs do."""
+def is_write(query: str) -> bool:
+    """Whether a query string writes: one of its statements (they share one transaction) is an INSERT, UPDATE
+    or DELETE, or a WITH whose CTEs are."""
+    return any(_statement_writes(statement) for statement in query.split(";"))
+
+
+def _statement_writes(statement: str) -> bool:
     text = statement.lstrip().upper()
     head = text.split(None, 1)[0] if text else ""
     if head in _WRITES:
