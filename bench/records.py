@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import JSONField, Value
 from django.utils import timezone
 
 from bench.workflows import noop9
@@ -15,6 +16,7 @@ from durableruns.models import RunState, RunStatus, RunStep, StepStatus
 from durableruns.registry import effect_key, get_workflow
 
 DEAD_OWNER = "dead-worker"
+JSON_NULL = Value(None, JSONField())  # what a no-op step's None result is recorded as; Python None is SQL NULL
 
 
 def _run_rows(workflow: str, count: int, now: datetime, prefix: str, **fields: Any) -> list[Any]:
@@ -51,7 +53,8 @@ def create_crashed(count: int, *, workflow: str = noop9.name, done: int = 4) -> 
             steps.append(RunStep(run_id=run.run_id, step=step, attempt=1,
                                  status=StepStatus.COMPLETED if finished else StepStatus.STARTED,
                                  effect_key=effect_key(run.run_id, step), started_at=crashed_at,
-                                 finished_at=crashed_at if finished else None, result=None,
+                                 finished_at=crashed_at if finished else None,
+                                 result=JSON_NULL if finished else None,
                                  resolution="returned" if finished else "", owner=DEAD_OWNER, epoch=1))
     RunState.objects.bulk_create(runs, batch_size=2000)
     RunStep.objects.bulk_create(steps, batch_size=5000)

@@ -89,6 +89,9 @@ def test_every_figure_is_written_with_positive_medians(results):
     for name in ("durableruns_1", "durableruns_2", "dbos"):
         positive(recovery[name]["seconds"], f"recovery {name}")
     assert recovery["durableruns_1_over_dbos"]["ratio"] > 0
+    # The bulk-built crashed runs are checked against the record a real SIGKILL leaves.
+    fidelity = recovery["crash_fidelity"]
+    assert fidelity["same_as_built"] is True and fidelity["record"]["attempts"][-1][2] == "started"
 
 
 def test_the_report_states_targets_and_machine(results):
