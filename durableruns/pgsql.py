@@ -6,7 +6,8 @@ attempt still being `started`); every other write in the statement reads from it
 nothing at all. PostgreSQL runs every data-modifying CTE to completion whether or not the outer query reads
 it. store.py calls these only when the connection is PostgreSQL and falls back to the ORM otherwise.
 
-The fenced statements are server-side prepared (DURABLERUNS_PREPARED_STATEMENTS, on by default), so PostgreSQL
+The fenced statements, and the insert of a new run, are server-side prepared (DURABLERUNS_PREPARED_STATEMENTS, on
+by default), so PostgreSQL
 parses them once per connection and, once it has seen that a generic plan does as well as a custom one, stops
 planning them: planning was a third of a step's time in the database. A cached plan is only as good as the
 table sizes it was made for (on a table of a few pages PostgreSQL scans sequentially, and keeps doing so as it
@@ -62,6 +63,13 @@ INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, fin
 SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, %(now)s, NULL, NULL, '', '', %(owner)s,
        %(epoch)s, %(i_loop)s, %(i_progress)s::jsonb
   FROM fence
+"""
+
+_CREATE_RUN = """
+INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, lease_expires_at, wake_at,
+                       reason, input, created_at, updated_at)
+VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb, %(now)s,
+        %(now)s)
 """
 
 _RECORD_INTENT = """
@@ -170,6 +178,13 @@ def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str
         cursor.nextset()  # past the SET's empty result, to the UPDATE's
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5])
+
+
+def create_run(*, run: str, workflow: str, fingerprint: str, input: str, now: datetime) -> None:
+    """Record a pending run (`input` as JSON text): the row RunState.objects.create writes, without building it
+    through the ORM. A duplicate run_id raises Django's IntegrityError."""
+    _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input,
+                            "now": now})
 
 
 def record_intent(*, run: str, epoch: int, owner: str, now: datetime, expiry: datetime, cursor: int,

@@ -167,7 +167,8 @@ def _intent_params(intent: Intent) -> dict[str, Any]:
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any], now: datetime) -> None:
     """Record a pending run; a worker picks it up.
 
-    One INSERT. Inside the caller's transaction it joins it (behind a savepoint, so a duplicate does not break
+    One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
+    it joins it (behind a savepoint, so a duplicate does not break
     it): the run then exists exactly when the caller's own records do.
     """
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
@@ -176,6 +177,9 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
         if connection.in_atomic_block:
             with transaction.atomic():
                 RunState.objects.create(**fields)
+        elif _fast():
+            pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
+                             input=to_json(input, what="the input"), now=now)
         else:
             RunState.objects.create(**fields)
     except IntegrityError:

@@ -1,5 +1,5 @@
-"""The PostgreSQL hot path: its fenced statements are prepared, reuse their plans, are prepared anew every
-REPLAN_EVERY executions, and can be turned off.
+"""The PostgreSQL hot path: its statements (a new run, the fenced facts) are prepared, reuse their plans, are
+prepared anew every REPLAN_EVERY executions, and can be turned off.
 
 Preparing anew matters: a plan cached while the tables are small scans them sequentially, however much they grow
 afterwards, for as long as the statement lives.
@@ -48,9 +48,11 @@ def test_the_hot_path_prepares_its_fenced_statements_and_reuses_their_plans():
     connection.close()  # a session of its own: prepared statements live as long as the connection
     run_to_completion(8)  # more executions than PostgreSQL's 5 custom plans before it tries a generic one
     statements = prepared_statements()
-    # Only the fenced statements: the claim is planned at each run, and Django's own queries are client-side.
-    assert statements and all(s.startswith("WITH fence AS") for s in statements), statements
-    assert sum(generic + custom for generic, custom in statements.values()) == 8 * 4  # first intent, 3 results
+    # Only the run's insert and the fenced statements: the claim is planned at each run, and Django's own
+    # queries are client-side.
+    assert statements and all(s.startswith(("WITH fence AS", "INSERT INTO run_state")) for s in statements)
+    # The run's insert, its first intent, 3 results.
+    assert sum(generic + custom for generic, custom in statements.values()) == 8 * 5, statements
     result_with_intent = [counts for s, counts in statements.items() if "intent AS (" in s]
     assert result_with_intent and result_with_intent[0][0] > 0, statements  # planned once, then reused
 
