@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
 from durableruns import conf, store, testing
@@ -110,7 +110,8 @@ class Heartbeat:
                 except DatabaseError as exc:  # the main thread meets the same error on its next write
                     log.warning("lease not renewed: %s", exc)
         finally:
-            connection.close()  # this thread's own connection
+            for opened in connections.all(initialized_only=True):  # this thread's own, if it renewed at all
+                opened.close()
 
 
 @dataclass
