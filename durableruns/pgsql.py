@@ -7,9 +7,8 @@ nothing at all. PostgreSQL runs every data-modifying CTE to completion whether o
 it. store.py calls these only when the connection is PostgreSQL and falls back to the ORM otherwise.
 
 The fenced statements, and the insert of a new run, are server-side prepared (DURABLERUNS_PREPARED_STATEMENTS, on
-by default), so PostgreSQL
-parses them once per connection and, once it has seen that a generic plan does as well as a custom one, stops
-planning them: planning was a third of a step's time in the database. A cached plan is only as good as the
+by default), so PostgreSQL parses them once per connection and, once it has seen that a generic plan does as well
+as a custom one, stops planning them: planning was a third of a step's time in the database. A cached plan is only as good as the
 table sizes it was made for (on a table of a few pages PostgreSQL scans sequentially, and keeps doing so as it
 grows), so each connection prepares its statements anew every REPLAN_EVERY executions: a plan outlives at most
 that many rows of growth. The claim is not prepared: it runs once per run, and its best plan depends on how many

@@ -168,8 +168,8 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
     """Record a pending run; a worker picks it up.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
-    it joins it (behind a savepoint, so a duplicate does not break
-    it): the run then exists exactly when the caller's own records do.
+    it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
+    caller's own records do.
     """
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
               "status": RunStatus.PENDING, "created_at": now, "updated_at": now}
