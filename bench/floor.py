@@ -110,12 +110,12 @@ def connect(dbname: str = BENCH_DB, *, prepared: bool = False) -> psycopg.Connec
     ``server_side_binding`` is set, ``prepare_threshold=None`` and sets the
     session time zone to UTC when it differs. With ``prepared``, the settings
     of durableruns' PostgreSQL hot path instead (durableruns.pgsql): server-side
-    binding, every statement prepared, each execution planned afresh.
+    binding, every statement prepared, plans left to PostgreSQL (reused once a
+    generic one does as well).
     """
     ensure_database(dbname)
     if prepared:
         conn = psycopg.connect(conninfo(dbname), autocommit=True, prepare_threshold=0)
-        conn.execute("SET plan_cache_mode = force_custom_plan")
     else:
         conn = psycopg.connect(
             conninfo(dbname),
