@@ -11,8 +11,8 @@ by default), so PostgreSQL parses them once per connection and, once it has seen
 as a custom one, stops planning them: planning was a third of a step's time in the database. A cached plan is only as good as the
 table sizes it was made for (on a table of a few pages PostgreSQL scans sequentially, and keeps doing so as it
 grows), so each connection prepares its statements anew every REPLAN_EVERY executions: a plan outlives at most
-that many rows of growth. The claim is not prepared: it runs once per run, and its best plan depends on how many
-runs are due. Django's own queries keep its client-side binding. A deployment behind a pooler that cannot keep
+that many rows of growth. The claim is prepared too, and planned only under its own planner setting (below).
+Django's own queries keep its client-side binding. A deployment behind a pooler that cannot keep
 prepared statements turns preparing off.
 """
 
@@ -32,7 +32,7 @@ from durableruns import conf
 # scan, however many runs are due. Left to its statistics, PostgreSQL may instead fetch every due run and sort
 # them, at each claim, which makes draining a backlog quadratic: it does so whenever the statistics say almost
 # nothing is due while thousands of runs are (after the tables were emptied and refilled, 10,000 runs drained
-# 17% slower). SET LOCAL holds for this one statement: the two share the query string's implicit transaction.
+# 17% slower). SET LOCAL holds for the claim's own transaction only.
 _CLAIM_PLANNING = "SET LOCAL enable_sort = off;\n"
 
 _CLAIM = """
@@ -166,16 +166,35 @@ def _rowcount(sql: str, params: dict[str, Any]) -> int:
 
 def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any, Any] | None:
     """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
-    at once. Planned at each claim, for the runs due now; sent as one query string (client-side binding, simple
-    protocol) with its planner setting."""
+    at once. The statement always runs in a transaction of its own with _CLAIM_PLANNING, so every plan PostgreSQL
+    makes for it (custom, generic, or again after an ANALYZE) walks the index."""
+    params: dict[str, Any] = {"owner": owner, "now": now, "expiry": expiry}
     db = connections[DEFAULT_DB_ALIAS]
-    db.ensure_connection()
-    client_side = psycopg.ClientCursor(db.connection)
-    wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper  # what db.cursor() would wrap it in
-    with wrapper(client_side, db) as cursor:
-        cursor.execute(_CLAIM_PLANNING + _CLAIM, {"owner": owner, "now": now, "expiry": expiry})
-        cursor.nextset()  # past the SET's empty result, to the UPDATE's
+    if db.queries_logged or not conf.prepared_statements():
+        # One query string, client-side binding: the two statements share its implicit transaction.
+        db.ensure_connection()
+        wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper  # what db.cursor() would wrap it in
+        with wrapper(psycopg.ClientCursor(db.connection), db) as cursor:
+            cursor.execute(_CLAIM_PLANNING + _CLAIM, params)
+            cursor.nextset()  # past the SET's empty result, to the UPDATE's
+            row = cursor.fetchone()
+    else:
+        # Prepared, in a pipeline: BEGIN, the setting, the claim and COMMIT go in one round trip.
+        cursor, text = _prepared(_CLAIM)
+        raw = db.connection
+        with db.wrap_database_errors:
+            try:
+                with raw.pipeline():
+                    raw.execute("BEGIN")
+                    raw.execute(_CLAIM_PLANNING)
+                    cursor.execute(text, params)
+                    raw.execute("COMMIT")
+            except BaseException:
+                if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not raw.closed:
+                    raw.execute("ROLLBACK")
+                raise
         row = cursor.fetchone()
+        cursor.close()
     return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5])
 
 

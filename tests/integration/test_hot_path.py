@@ -7,8 +7,10 @@ afterwards, for as long as the statement lives.
 
 from __future__ import annotations
 
+import psycopg
 import pytest
-from django.db import connection
+from django.conf import settings
+from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -48,11 +50,11 @@ def test_the_hot_path_prepares_its_fenced_statements_and_reuses_their_plans():
     connection.close()  # a session of its own: prepared statements live as long as the connection
     run_to_completion(8)  # more executions than PostgreSQL's 5 custom plans before it tries a generic one
     statements = prepared_statements()
-    # Only the run's insert and the fenced statements: the claim is planned at each run, and Django's own
-    # queries are client-side.
-    assert statements and all(s.startswith(("WITH fence AS", "INSERT INTO run_state")) for s in statements)
-    # The run's insert, its first intent, 3 results.
-    assert sum(generic + custom for generic, custom in statements.values()) == 8 * 5, statements
+    # Only the engine's own statements: Django's queries are client-side.
+    engine = ("WITH fence AS", "INSERT INTO run_state", "UPDATE run_state SET status = 'running'")
+    assert statements and all(s.startswith(engine) for s in statements), statements
+    # The run's insert, its claim, its first intent, 3 results.
+    assert sum(generic + custom for generic, custom in statements.values()) == 8 * 6, statements
     result_with_intent = [counts for s, counts in statements.items() if "intent AS (" in s]
     assert result_with_intent and result_with_intent[0][0] > 0, statements  # planned once, then reused
 
@@ -95,6 +97,7 @@ def claim_plan(*, planning: str) -> str:
 
 
 def test_a_backlog_is_claimed_by_walking_the_index_whatever_the_statistics_say():
+    connection.close()  # a session of its own: prepared statements live as long as the connection
     with connection.cursor() as cursor:  # statistics that say nothing is due, then a backlog of 3,000 runs
         cursor.execute(RUNS_SQL, ["done-", "completed", 1])
         cursor.execute("ANALYZE run_state")
@@ -103,11 +106,35 @@ def test_a_backlog_is_claimed_by_walking_the_index_whatever_the_statistics_say()
     assert "Sort" in claim_plan(planning="")  # what the statistics alone would have PostgreSQL do, at each claim
     plan = claim_plan(planning=pgsql._CLAIM_PLANNING)
     assert "Index Scan using run_state_active_idx" in plan and "Sort" not in plan, plan
-    claimed = store.claim(owner="w", lease_seconds=30, now=timezone.now())
-    assert claimed is not None and claimed.lease.run_id == "backlog-1"
+    claimed = [store.claim(owner="w", lease_seconds=30, now=timezone.now()) for _ in range(8)]
+    assert [c.lease.run_id if c else None for c in claimed] == [f"backlog-{n}" for n in range(1, 9)]
+    # The claim is prepared: the plan PostgreSQL caches for it was made under the setting too.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, cardinality(parameter_types), generic_plans FROM pg_prepared_statements"
+                       " WHERE statement LIKE '%UPDATE run_state SET status = ''running''%'")
+        [(name, params, generic)] = cursor.fetchall()
+        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['NULL'] * params)})")
+        cached = "\n".join(line for (line,) in cursor.fetchall())
+    assert generic > 0 and "Index Scan using run_state_active_idx" in cached and "Sort" not in cached, cached
     with connection.cursor() as cursor:
         cursor.execute("SHOW enable_sort")
         assert cursor.fetchone()[0] == "on"  # the setting held for the claim only
+
+
+def test_a_claim_that_fails_leaves_the_connection_out_of_its_transaction():
+    [run_id] = [durableruns.start("scripted", {})]
+    db = settings.DATABASES["default"]
+    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]) as other:
+        other.execute("LOCK TABLE run_state IN ACCESS EXCLUSIVE MODE")  # held until `other` commits
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '100ms'")
+        with pytest.raises(OperationalError, match="lock timeout"):
+            store.claim(owner="w", lease_seconds=30, now=timezone.now())
+        assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with connection.cursor() as cursor:
+        cursor.execute("RESET lock_timeout")
+    claimed = store.claim(owner="w", lease_seconds=30, now=timezone.now())
+    assert claimed is not None and claimed.lease.run_id == run_id and claimed.lease.epoch == 1
 
 
 def test_with_the_setting_off_nothing_is_prepared(settings):
