@@ -18,7 +18,6 @@ prepared statements turns preparing off.
 
 from __future__ import annotations
 
-import weakref
 from datetime import datetime
 from typing import Any
 
@@ -126,42 +125,70 @@ class _PreparedCursor(psycopg.Cursor[Any]):
 _ONLY_WHEN_ASKED = 2**62
 # Executions of the hot path on one connection after which its statements are prepared (and planned) anew.
 REPLAN_EVERY = 1000
-_executions: weakref.WeakKeyDictionary[psycopg.Connection[Any], int] = weakref.WeakKeyDictionary()
 
 
-def _prepared(sql: str) -> tuple[Any, str]:
-    """A cursor for one hot-path statement, and the statement's text as this connection prepares it now.
+class _HotPath:
+    """What the hot path keeps for one connection: a prepared cursor, reused for every statement (a step
+    makes one), how many statements it ran, and their texts for the current plan generation."""
 
-    Where Django logs queries (DEBUG, CaptureQueriesContext) or preparing is off, Django's own cursor and the
-    plain text, so the log shows the statements with their values like every other query. Otherwise a prepared
-    cursor, wrapped like Django's own (error translation, execute wrappers), and the text tagged with its plan
-    generation: a new tag is a new statement to psycopg, which prepares it and, past its cache size
-    (prepared_max), deallocates the oldest.
-    """
+    def __init__(self, db: Any) -> None:
+        self.raw = db.connection
+        if self.raw.prepare_threshold is None:  # Django turns preparing off for the whole connection by default
+            self.raw.prepare_threshold = _ONLY_WHEN_ASKED
+        self.cursor = CursorWrapper(_PreparedCursor(self.raw), db)  # wrapped like Django's own cursors
+        self.executions = 0
+        self._generation = 0
+        self._texts: dict[str, str] = {}
+
+    def text(self, sql: str) -> str:
+        """`sql` as this connection prepares it now, tagged with its plan generation: a new tag is a new
+        statement to psycopg, which prepares it and, past its cache size (prepared_max), deallocates the oldest."""
+        generation = self.executions // REPLAN_EVERY
+        self.executions += 1
+        if generation != self._generation:
+            self._generation, self._texts = generation, {}
+        text = self._texts.get(sql)
+        if text is None:
+            text = self._texts[sql] = f"{sql}\n-- plan generation {generation}"
+        return text
+
+
+_ATTRIBUTE = "durableruns_hot_path"  # on Django's connection wrapper, which is per thread like the connection
+
+
+def _hot_path() -> _HotPath | None:
+    """This thread's connection's hot path, or None where Django logs queries (DEBUG, CaptureQueriesContext)
+    or preparing is off: there the statements go through Django's own cursor with their values, like every
+    other query."""
     db = connections[DEFAULT_DB_ALIAS]
     if db.queries_logged or not conf.prepared_statements():
-        return db.cursor(), sql
+        return None
     db.ensure_connection()
-    raw = db.connection
-    if raw.prepare_threshold is None:  # Django turns preparing off for the whole connection by default
-        raw.prepare_threshold = _ONLY_WHEN_ASKED
-    count = _executions.get(raw, 0)
-    _executions[raw] = count + 1
-    return CursorWrapper(_PreparedCursor(raw), db), f"{sql}\n-- plan generation {count // REPLAN_EVERY}"
+    hot: _HotPath | None = getattr(db, _ATTRIBUTE, None)
+    if hot is None or hot.raw is not db.connection:  # first use, or Django has connected again since
+        hot = _HotPath(db)
+        setattr(db, _ATTRIBUTE, hot)
+    return hot
 
 
 def _one(sql: str, params: dict[str, Any]) -> Any:
-    cursor, text = _prepared(sql)
-    with cursor:
-        cursor.execute(text, params)
-        return cursor.fetchone()
+    hot = _hot_path()
+    if hot is None:
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    hot.cursor.execute(hot.text(sql), params)
+    return hot.cursor.fetchone()
 
 
 def _rowcount(sql: str, params: dict[str, Any]) -> int:
-    cursor, text = _prepared(sql)
-    with cursor:
-        cursor.execute(text, params)
-        return int(cursor.rowcount)
+    hot = _hot_path()
+    if hot is None:
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+    hot.cursor.execute(hot.text(sql), params)
+    return int(hot.cursor.rowcount)
 
 
 def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any, Any] | None:
@@ -170,7 +197,8 @@ def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str
     makes for it (custom, generic, or again after an ANALYZE) walks the index."""
     params: dict[str, Any] = {"owner": owner, "now": now, "expiry": expiry}
     db = connections[DEFAULT_DB_ALIAS]
-    if db.queries_logged or not conf.prepared_statements():
+    hot = _hot_path()
+    if hot is None:
         # One query string, client-side binding: the two statements share its implicit transaction.
         db.ensure_connection()
         wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper  # what db.cursor() would wrap it in
@@ -180,8 +208,7 @@ def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str
             row = cursor.fetchone()
     else:
         # Prepared, in a pipeline: BEGIN, the setting, the claim and COMMIT go in one round trip.
-        cursor, text = _prepared(_CLAIM)
-        raw = db.connection
+        cursor, text, raw = hot.cursor, hot.text(_CLAIM), db.connection
         with db.wrap_database_errors:
             try:
                 with raw.pipeline():
@@ -194,7 +221,6 @@ def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str
                     raw.execute("ROLLBACK")
                 raise
         row = cursor.fetchone()
-        cursor.close()
     return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5])
 
 
