@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
 from durableruns import conf, store, testing
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.context import StepContext
 from durableruns.errors import EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
-from durableruns.heartbeat import RENEWER
 from durableruns.models import Escalation, Intervention, Resolution, RunStatus, RunStep
 from durableruns.policies import (
     Action,
@@ -65,6 +65,53 @@ _ATTEMPT_FIELDS = ("step", "attempt", "status", "effect_key", "started_at", "fin
 def load_attempts(run_id: str) -> list[StepAttempt]:
     """Every attempt of the run, in one query (plain values: this runs once per claim)."""
     return [StepAttempt(**row) for row in RunStep.objects.of_run(run_id).values(*_ATTEMPT_FIELDS)]
+
+
+class Heartbeat:
+    """One thread per worker renews the lease of the run in hand, so a long step keeps it.
+
+    A paused or dead process stops renewing, and that is what lets another worker take the run over. The
+    thread lives as long as the worker's pass, not one run: starting a thread per run costs more than a step.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._lease: Lease | None = None
+        self._changed = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._beat, name="durableruns-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._changed.set()
+        self._thread.join()
+
+    def watch(self, lease: Lease | None) -> None:
+        """Renew `lease` from now on (None: nothing is in hand)."""
+        self._lease = lease
+        self._changed.set()
+
+    def _beat(self) -> None:
+        try:
+            while not self._stopped:
+                lease = self._lease
+                # Sleep a third of the lease, or until the run in hand changes.
+                if self._changed.wait(lease.seconds / 3 if lease else None):
+                    self._changed.clear()
+                    continue
+                try:
+                    store.renew(lease, now=self.clock())  # type: ignore[arg-type]
+                except FencedOut:
+                    log.info("run %s: lease not renewed: released or taken over", lease.run_id)  # type: ignore[union-attr]
+                except DatabaseError as exc:  # the main thread meets the same error on its next write
+                    log.warning("lease not renewed: %s", exc)
+        finally:
+            for opened in connections.all(initialized_only=True):  # this thread's own, if it renewed at all
+                opened.close()
 
 
 @dataclass
@@ -113,17 +160,29 @@ class Engine:
 
     def __init__(self, clock: Clock = timezone.now) -> None:
         self.clock = clock
+        self._heartbeat: Heartbeat | None = None
+
+    def __enter__(self) -> Engine:
+        self._heartbeat = Heartbeat(self.clock).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
 
     # -- entry point -------------------------------------------------------------------------------------
 
     def work(self, claimed: Claimed) -> RunOutcome:
-        """Work one claimed run until it completes, waits, needs a person, fails, or the lease is lost; the
-        process's heartbeat renews its lease meanwhile."""
-        ticket = RENEWER.hold(claimed.lease, self.clock)
+        """Work one claimed run until it completes, waits, needs a person, fails, or the lease is lost."""
+        if self._heartbeat is None:  # used outside `with Engine() as engine:`: a heartbeat for this run only
+            with self:
+                return self.work(claimed)
+        self._heartbeat.watch(claimed.lease)
         try:
             return self._work(claimed)
         finally:
-            RENEWER.release(ticket)
+            self._heartbeat.watch(None)
 
     def _work(self, claimed: Claimed) -> RunOutcome:
         lease = claimed.lease

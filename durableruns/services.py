@@ -133,8 +133,9 @@ def resume_due(
     lease_seconds = conf.lease_seconds() if lease_seconds is None else lease_seconds
     report = PassReport()
     began = time.monotonic()
-    _work_due(Engine(clock=clock), report, limit=limit, owner=owner, lease_seconds=lease_seconds, run_id=run_id,
-              max_seconds=max_seconds, began=began, clock=clock, on_outcome=on_outcome)
+    with Engine(clock=clock) as engine:
+        _work_due(engine, report, limit=limit, owner=owner, lease_seconds=lease_seconds, run_id=run_id,
+                  max_seconds=max_seconds, began=began, clock=clock, on_outcome=on_outcome)
     report.seconds = time.monotonic() - began
     return report
 
