@@ -8,7 +8,8 @@ statement) on Django's settings; a 9-step run of no-op steps through durableruns
 statements prepared (the default) and not; and the same
 9 no-op steps as a DBOS Transact workflow. It also counts the commits durableruns makes per run, which the
 design bounds at (9 + 3) / 9 per step: the run's creation, its claim, the first intent, then one commit per step
-that records its result together with the next step's intent (the last one completes the run).
+that records its result together with the next step's intent (the last one completes the run). On PostgreSQL the
+first intent rides on the claim, so a run makes 9 + 2.
 """
 
 from __future__ import annotations

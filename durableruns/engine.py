@@ -216,7 +216,8 @@ class Engine:
 
     def _drive(self, state: _Pass) -> RunOutcome:
         plan = state.workflow.steps
-        pending_intent: Intent | None = None  # committed together with the previous step's result
+        # Committed together with the previous step's result, or for the first step of a fresh run, the claim.
+        pending_intent: Intent | None = state.claimed.first_intent
         for index, step in enumerate(plan):
             if step.name in state.boundary.done:
                 continue

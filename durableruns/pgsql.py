@@ -18,6 +18,7 @@ prepared statements turns preparing off.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -35,24 +36,40 @@ from durableruns import conf
 _CLAIM_PLANNING = "SET LOCAL enable_sort = off;\n"
 
 _CLAIM = """
-UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
-       lease_expires_at = %(expiry)s, wake_at = NULL, updated_at = %(now)s
- WHERE run_id = (
-       SELECT run_id FROM run_state
-        WHERE status IN ('pending', 'running', 'waiting')
-          AND (status = 'pending'
-               OR (status = 'running' AND lease_expires_at < %(now)s)
-               OR (status = 'waiting' AND wake_at <= %(now)s))
-        ORDER BY created_at
-        LIMIT 1
-          FOR UPDATE SKIP LOCKED)
-RETURNING run_id, epoch, workflow, plan_fingerprint, input,
-          -- the run's attempts ride on the claim: the boundary needs them before anything else
-          (SELECT coalesce(json_agg(json_build_object(
-                    'step', s.step, 'attempt', s.attempt, 'status', s.status, 'effect_key', s.effect_key,
-                    'started_at', s.started_at, 'finished_at', s.finished_at, 'loop_cursor', s.loop_cursor,
-                    'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
-             FROM run_step s WHERE s.run_id = run_state.run_id)
+WITH claimed AS (
+  UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
+         lease_expires_at = %(expiry)s, wake_at = NULL, updated_at = %(now)s
+   WHERE run_id = (
+         SELECT run_id FROM run_state
+          WHERE status IN ('pending', 'running', 'waiting')
+            AND (status = 'pending'
+                 OR (status = 'running' AND lease_expires_at < %(now)s)
+                 OR (status = 'waiting' AND wake_at <= %(now)s))
+          ORDER BY created_at
+          LIMIT 1
+            FOR UPDATE SKIP LOCKED)
+  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor),
+-- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
+-- rides on the claim's commit, as each later step's rides on the result before it.
+first AS (
+  INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, finished_at, result, error,
+                        resolution, owner, epoch, loop_cursor, progress)
+  SELECT c.run_id, f.step, 1, 'started', c.run_id || ':' || f.step, %(now)s, NULL, NULL, '', '', %(owner)s,
+         c.epoch, 0, '{}'::jsonb
+    FROM claimed c
+    JOIN jsonb_to_recordset(%(first_steps)s::jsonb) AS f(workflow text, fingerprint text, step text)
+      ON f.workflow = c.workflow AND f.fingerprint = c.plan_fingerprint
+   WHERE c.cursor = 0 AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = c.run_id)
+  RETURNING step, effect_key)
+SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
+       -- the run's attempts ride on the claim (as they were before it): the boundary needs them first
+       (SELECT coalesce(json_agg(json_build_object(
+                 'step', s.step, 'attempt', s.attempt, 'status', s.status, 'effect_key', s.effect_key,
+                 'started_at', s.started_at, 'finished_at', s.finished_at, 'loop_cursor', s.loop_cursor,
+                 'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
+          FROM run_step s WHERE s.run_id = c.run_id),
+       (SELECT step FROM first), (SELECT effect_key FROM first)
+  FROM claimed c
 """
 
 _INTENT_ROW = """
@@ -191,37 +208,53 @@ def _rowcount(sql: str, params: dict[str, Any]) -> int:
     return int(hot.cursor.rowcount)
 
 
-def claim(*, owner: str, now: datetime, expiry: datetime) -> tuple[str, int, str, str, Any, Any] | None:
+Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None"]
+
+
+def claim(*, owner: str, now: datetime, expiry: datetime, first_steps: str,
+          before_commit: Callable[[str], None] | None = None) -> Claim | None:
     """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
-    at once. The statement always runs in a transaction of its own with _CLAIM_PLANNING, so every plan PostgreSQL
-    makes for it (custom, generic, or again after an ANALYZE) walks the index."""
-    params: dict[str, Any] = {"owner": owner, "now": now, "expiry": expiry}
+    at once. A fresh run of a workflow in `first_steps` (JSON: workflow, fingerprint, step) gets its first
+    step's intent in the same commit; the row ends with that step and its effect key, or two NULLs.
+
+    The statement always runs in a transaction of its own with _CLAIM_PLANNING, so every plan PostgreSQL makes
+    for it (custom, generic, or again after an ANALYZE) walks the index. `before_commit(step)` (fault injection)
+    is called with the transaction still open when a first intent rode on the claim: nothing is recorded yet."""
+    params: dict[str, Any] = {"owner": owner, "now": now, "expiry": expiry, "first_steps": first_steps}
     db = connections[DEFAULT_DB_ALIAS]
     hot = _hot_path()
-    if hot is None:
-        # One query string, client-side binding: the two statements share its implicit transaction.
-        db.ensure_connection()
-        wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper  # what db.cursor() would wrap it in
-        with wrapper(psycopg.ClientCursor(db.connection), db) as cursor:
-            cursor.execute(_CLAIM_PLANNING + _CLAIM, params)
-            cursor.nextset()  # past the SET's empty result, to the UPDATE's
-            row = cursor.fetchone()
-    else:
-        # Prepared, in a pipeline: BEGIN, the setting, the claim and COMMIT go in one round trip.
-        cursor, text, raw = hot.cursor, hot.text(_CLAIM), db.connection
-        with db.wrap_database_errors:
-            try:
+    db.ensure_connection()
+    raw = db.connection
+    with db.wrap_database_errors:
+        try:
+            if hot is None:
+                # One query string, client-side binding, through a cursor wrapped as Django wraps its own (so
+                # the query log shows it); its statements share one transaction, left open for before_commit.
+                opening = ["BEGIN;\n"] if before_commit is not None else []
+                wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper
+                with wrapper(psycopg.ClientCursor(raw), db) as cursor:
+                    cursor.execute("".join(opening) + _CLAIM_PLANNING + _CLAIM, params)
+                    for _ in range(len(opening) + 1):  # past the empty results of BEGIN and SET, to the claim's
+                        cursor.nextset()
+                    row = cursor.fetchone()
+            else:
+                # Prepared, in a pipeline: BEGIN, the setting, the claim (and COMMIT) go in one round trip.
                 with raw.pipeline():
                     raw.execute("BEGIN")
                     raw.execute(_CLAIM_PLANNING)
-                    cursor.execute(text, params)
-                    raw.execute("COMMIT")
-            except BaseException:
-                if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE and not raw.closed:
-                    raw.execute("ROLLBACK")
-                raise
-        row = cursor.fetchone()
-    return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5])
+                    hot.cursor.execute(hot.text(_CLAIM), params)
+                    if before_commit is None:
+                        raw.execute("COMMIT")
+                row = hot.cursor.fetchone()
+            if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                if before_commit is not None and row is not None and row[6] is not None:
+                    before_commit(row[6])
+                raw.execute("COMMIT")
+        except BaseException:
+            if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                raw.execute("ROLLBACK")
+            raise
+    return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
 
 
 def create_run(*, run: str, workflow: str, fingerprint: str, input: str, now: datetime) -> None:

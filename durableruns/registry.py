@@ -23,6 +23,8 @@ StepFn = Callable[["StepContext"], Any]
 LookupFn = Callable[["StepContext"], "dict[str, Any] | None"]
 
 _registry: dict[str, Workflow] = {}
+_changes = 0  # bumped by every declaration, so what is derived from the registry is derived again
+_first_steps: tuple[int, tuple[tuple[str, str, str], ...]] = (-1, ())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +61,7 @@ class Workflow:
         self.steps: list[Step] = []
         self._by_name: dict[str, Step] = {}
         _registry[name] = self
+        _declared()
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name}: {' -> '.join(self.plan)}>"
@@ -108,6 +111,7 @@ class Workflow:
                 intent=intent,
             )
             self.steps.append(step)
+            _declared()
             self._by_name[name] = step
             return fn
 
@@ -144,6 +148,22 @@ def workflows() -> dict[str, Workflow]:
     return dict(_registry)
 
 
+def first_steps() -> tuple[tuple[str, str, str], ...]:
+    """(workflow, plan fingerprint, first step) of each registered workflow whose first step records an intent:
+    what a claim needs to record a fresh run's first intent in its own commit."""
+    global _first_steps
+    if _first_steps[0] != _changes:
+        _first_steps = (_changes, tuple((wf.name, wf.fingerprint, wf.steps[0].name)
+                                        for wf in _registry.values() if wf.steps and wf.steps[0].intent))
+    return _first_steps[1]
+
+
+def _declared() -> None:
+    global _changes
+    _changes += 1
+
+
 def effect_key(run_id: str, step: str) -> str:
-    """Name the effect of one step of one run: stable across attempts and resumes."""
+    """Name the effect of one step of one run: stable across attempts and resumes. The claim's SQL spells the
+    same key for a first step (pgsql._CLAIM), which a test holds to this one."""
     return f"{run_id}:{step}"

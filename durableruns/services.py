@@ -14,7 +14,7 @@ from typing import Any
 from django.db import DatabaseError
 from django.utils import timezone
 
-from durableruns import conf, store
+from durableruns import conf, store, testing
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.engine import Engine, RunOutcome
 from durableruns.errors import (
@@ -28,7 +28,7 @@ from durableruns.errors import (
 )
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
-from durableruns.registry import get_workflow
+from durableruns.registry import first_steps, get_workflow
 
 Clock = Callable[[], datetime]
 
@@ -140,13 +140,21 @@ def resume_due(
     return report
 
 
+def _before_first_intent() -> Callable[[str], None] | None:
+    """The fault-injection point before a first intent that rides on the claim; None (no hook) unless armed."""
+    if not testing.armed():
+        return None
+    return lambda step: testing.reached("before_intent", step)
+
+
 def _work_due(engine: Engine, report: PassReport, *, limit: int, owner: str, lease_seconds: float,
               run_id: str | None, max_seconds: float | None, began: float, clock: Clock,
               on_outcome: Callable[[RunOutcome], None] | None) -> None:
     while len(report.outcomes) + len(report.crashed) < limit:
         if max_seconds is not None and time.monotonic() - began >= max_seconds:
             break
-        claimed = store.claim(owner=owner, lease_seconds=lease_seconds, now=clock(), run_id=run_id)
+        claimed = store.claim(owner=owner, lease_seconds=lease_seconds, now=clock(), run_id=run_id,
+                              first_steps=first_steps(), before_first_intent=_before_first_intent())
         if claimed is None:
             break
         try:

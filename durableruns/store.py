@@ -8,8 +8,10 @@ started -> completed or failed, by a conditional update on its status.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -60,6 +62,7 @@ class Claimed:
     plan_fingerprint: str
     input: dict[str, Any]
     attempts: list[StepAttempt] | None = None  # read with the claim where the database allows
+    first_intent: Intent | None = None  # the first step's intent, when it rode on the claim's commit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +140,11 @@ def _finish(lease: Lease, step: str, attempt: int, **fields: Any) -> None:
         )
 
 
+@functools.lru_cache(maxsize=16)
+def _first_steps_json(first_steps: FirstSteps) -> str:
+    return json.dumps([{"workflow": w, "fingerprint": f, "step": s} for w, f, s in first_steps])
+
+
 def _decoded(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
@@ -186,16 +194,29 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
         raise DuplicateRun(run_id=run_id) from None
 
 
-def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None = None) -> Claimed | None:
-    """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch."""
+FirstSteps = tuple[tuple[str, str, str], ...]
+
+
+def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None = None,
+          first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None
+          ) -> Claimed | None:
+    """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch.
+
+    On PostgreSQL, a fresh run whose (workflow, plan fingerprint) is in `first_steps` also gets the intent of the
+    named first step in the claim's commit (Claimed.first_intent), as each later step's intent rides on the
+    result before it. `before_first_intent(step)` runs before that commit (fault injection).
+    """
     if run_id is None and _fast():
-        taken = pgsql.claim(owner=owner, now=now, expiry=now + timedelta(seconds=lease_seconds))
+        taken = pgsql.claim(owner=owner, now=now, expiry=now + timedelta(seconds=lease_seconds),
+                            first_steps=_first_steps_json(first_steps), before_commit=before_first_intent)
         if taken is None:
             return None
-        taken_id, epoch, workflow, fingerprint, payload, attempts = taken
+        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key = taken
+        first = None if first_step is None else Intent(step=first_step, attempt=1, effect_key=str(first_key),
+                                                      cursor=0)
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint, input=_decoded(payload) or {},
-                       attempts=[_attempt(a) for a in _decoded(attempts)])
+                       attempts=[_attempt(a) for a in _decoded(attempts)], first_intent=first)
     with transaction.atomic(durable=True):
         if run_id is None:
             candidates = RunState.objects.claimable(now)

@@ -6,7 +6,8 @@ process (`arm`) or, for a worker started as a subprocess, by the environment:
     DURABLERUNS_CRASH_AT="charge@after_intent"      # step@point; a loop point is "quote@loop:173"
     DURABLERUNS_CRASH_MARKER=/tmp/x                  # optional: crash only once (the marker file is created)
 
-Points, in cycle order: before_intent, after_intent (intent committed, far system not called yet),
+Points, in cycle order: before_intent (for a fresh run's first step, whose intent rides on the claim: before
+the claim's commit, nothing recorded), after_intent (intent committed, far system not called yet),
 after_effect (called by the step itself once the far system accepted), loop:N (item N of ctx.loop done),
 after_return (the step returned, its result not committed).
 """
@@ -28,6 +29,11 @@ def reached(point: str, step: str) -> None:
     """Mark that the worker reached `point` of `step`; a no-op unless a fault is armed."""
     if _hook is not None:
         _hook(point, step)
+
+
+def armed() -> bool:
+    """Whether a fault is armed in this process."""
+    return _hook is not None
 
 
 def arm(hook: Hook | None) -> None:

@@ -1,11 +1,13 @@
 """The PostgreSQL hot path: its statements (a new run, the fenced facts) are prepared, reuse their plans, are
-prepared anew every REPLAN_EVERY executions, and can be turned off.
+prepared anew every REPLAN_EVERY executions, and can be turned off. A fresh run's first intent rides on its claim.
 
 Preparing anew matters: a plan cached while the tables are small scans them sequentially, however much they grow
 afterwards, for as long as the statement lives.
 """
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -16,7 +18,11 @@ from django.utils import timezone
 
 import durableruns
 from durableruns import pgsql, services, store
-from durableruns.models import RunState, RunStatus
+from durableruns.engine import Engine
+from durableruns.models import RunState, RunStatus, RunStep
+from durableruns.registry import effect_key, first_steps
+from durableruns.store import Intent
+from tests.factories import crash_after_intent
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -51,10 +57,10 @@ def test_the_hot_path_prepares_its_fenced_statements_and_reuses_their_plans():
     run_to_completion(8)  # more executions than PostgreSQL's 5 custom plans before it tries a generic one
     statements = prepared_statements()
     # Only the engine's own statements: Django's queries are client-side.
-    engine = ("WITH fence AS", "INSERT INTO run_state", "UPDATE run_state SET status = 'running'")
+    engine = ("WITH fence AS", "INSERT INTO run_state", "WITH claimed AS")
     assert statements and all(s.startswith(engine) for s in statements), statements
-    # The run's insert, its claim, its first intent, 3 results.
-    assert sum(generic + custom for generic, custom in statements.values()) == 8 * 6, statements
+    # The run's insert, its claim (with its first intent), 3 results.
+    assert sum(generic + custom for generic, custom in statements.values()) == 8 * 5, statements
     result_with_intent = [counts for s, counts in statements.items() if "intent AS (" in s]
     assert result_with_intent and result_with_intent[0][0] > 0, statements  # planned once, then reused
 
@@ -90,7 +96,8 @@ def claim_plan(*, planning: str) -> str:
     """EXPLAIN of the engine's claim, sent with `planning` in front as the engine sends its own."""
     now = timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute(planning + "EXPLAIN " + pgsql._CLAIM, {"owner": "w", "now": now, "expiry": now})
+        cursor.execute(planning + "EXPLAIN " + pgsql._CLAIM,
+                       {"owner": "w", "now": now, "expiry": now, "first_steps": "[]"})
         if planning:
             cursor.nextset()
         return "\n".join(line for (line,) in cursor.fetchall())
@@ -151,8 +158,10 @@ def test_where_django_logs_queries_the_statements_are_logged_with_their_values()
         [run_id] = run_to_completion(1)
     logged = [q["sql"] for q in captured.captured_queries]
     assert all(isinstance(sql, str) and sql for sql in logged), logged
-    facts = [sql for sql in logged if sql.lstrip().startswith("WITH fence AS")]  # first intent, 3 results
-    assert len(facts) == 4 and all(f"'{run_id}'" in sql for sql in facts), facts
+    facts = [sql for sql in logged if sql.lstrip().startswith("WITH fence AS")]  # 3 results
+    assert len(facts) == 3 and all(f"'{run_id}'" in sql for sql in facts), facts
+    claims = [sql for sql in logged if "WITH claimed AS" in sql]  # with the first intent and its workflow
+    assert len(claims) == 1 and "INSERT INTO run_step" in claims[0] and '"scripted"' in claims[0], claims
 
 
 def test_the_deployments_own_prepare_threshold_and_plan_cache_mode_are_left_alone():
@@ -166,3 +175,68 @@ def test_the_deployments_own_prepare_threshold_and_plan_cache_mode_are_left_alon
     with connection.cursor() as cursor:
         cursor.execute("SHOW plan_cache_mode")
         assert cursor.fetchone()[0] == "auto"
+
+
+# -- a fresh run's first intent rides on its claim ----------------------------------------------------------
+
+
+def claim_fresh(**kwargs) -> store.Claimed | None:
+    return store.claim(owner="w", lease_seconds=30, now=kwargs.pop("now", timezone.now()),
+                       first_steps=first_steps(), **kwargs)
+
+
+def rows(run_id: str) -> list[tuple[str, int, str, str, str, int]]:
+    return list(RunStep.objects.filter(run_id=run_id).order_by("step", "attempt")
+                .values_list("step", "attempt", "status", "effect_key", "owner", "epoch"))
+
+
+def test_a_fresh_run_has_its_first_intent_recorded_in_the_claims_commit():
+    run_id = durableruns.start("scripted", {})
+    now = timezone.now()
+    claimed = claim_fresh(now=now)
+    assert claimed is not None and claimed.attempts == []  # the boundary sees the run as it was: fresh
+    assert claimed.first_intent == Intent(step="first", attempt=1, effect_key=effect_key(run_id, "first"), cursor=0)
+    assert rows(run_id) == [("first", 1, "started", effect_key(run_id, "first"), "w", claimed.lease.epoch)]
+    assert RunStep.objects.get(run_id=run_id).started_at == now
+    # The engine takes it from there: no second intent, one attempt per step.
+    outcome = Engine().work(claimed)
+    assert outcome.status == RunStatus.COMPLETED and outcome.steps_run == 3
+    assert [(step, attempt, status) for step, attempt, status, *_ in rows(run_id)] == [
+        ("first", 1, "completed"), ("second", 1, "completed"), ("third", 1, "completed")]
+
+
+def test_no_first_intent_rides_on_the_claim_of_a_run_that_is_not_fresh_or_not_this_deploys():
+    in_doubt = durableruns.start("scripted", {})
+    crash_after_intent(in_doubt, "first", started_at=timezone.now() - timedelta(minutes=5))
+    retired = durableruns.start("scripted", {})
+    RunState.objects.filter(pk=retired).update(workflow="scripted_2025")
+    replanned = durableruns.start("scripted", {})
+    RunState.objects.filter(pk=replanned).update(plan_fingerprint="0" * 16)
+    unlisted = durableruns.start("scripted", {})
+    claimed = [claim_fresh() for _ in range(3)] + [store.claim(owner="w", lease_seconds=30, now=timezone.now())]
+    assert [c.lease.run_id for c in claimed] == [in_doubt, retired, replanned, unlisted]
+    assert [c.first_intent for c in claimed] == [None] * 4
+    assert rows(in_doubt) == [("first", 1, "started", effect_key(in_doubt, "first"), "dead-worker", 1)]
+    assert rows(retired) == rows(replanned) == rows(unlisted) == []
+
+
+def test_the_fault_point_before_a_first_intent_on_the_claim_sees_nothing_recorded():
+    run_id = durableruns.start("scripted", {})
+    db = settings.DATABASES["default"]
+    seen = []
+
+    def before(step: str) -> None:
+        with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]) as other:
+            state = other.execute("SELECT status, epoch FROM run_state WHERE run_id = %s", [run_id]).fetchone()
+            steps = other.execute("SELECT count(*) FROM run_step WHERE run_id = %s", [run_id]).fetchone()
+        seen.append((step, state, steps))
+        raise RuntimeError("killed here")
+
+    with pytest.raises(RuntimeError, match="killed here"):
+        claim_fresh(before_first_intent=before)
+    assert seen == [("first", ("pending", 0), (0,))]  # neither the claim nor the intent was committed
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert RunState.objects.get(pk=run_id).status == RunStatus.PENDING and rows(run_id) == []
+    claimed = claim_fresh(before_first_intent=lambda step: seen.append(step))
+    assert claimed is not None and claimed.lease.epoch == 1 and seen[-1] == "first"
+    assert rows(run_id) == [("first", 1, "started", effect_key(run_id, "first"), "w", 1)]

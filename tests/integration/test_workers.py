@@ -85,6 +85,31 @@ def test_killed_re_executable_step_runs_again_from_its_last_checkpoint(far, work
     assert rows[1].result == {"total": sum(range(60)), "lines": 60}
 
 
+@pytest.mark.parametrize("point", ["before_intent", "after_intent"])
+def test_killed_around_the_first_intent_which_rides_on_the_claim(far, workers, tmp_path, point):
+    run_id = make_run("order")
+    crashed_epochs = []
+    if point == "before_intent":  # before the claim's commit: the run was never taken
+        kill_then_resume(workers, "prepare@before_intent", tmp_path)
+    else:
+        crashed = workers.run("--lease", "0.5", **FAST, DURABLERUNS_CRASH_AT="prepare@after_intent")
+        assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+        crashed_epochs = list(RunStep.objects.filter(run_id=run_id).values_list("step", "attempt", "status", "epoch"))
+        time.sleep(0.6)
+        assert workers.run("--lease", "0.5", **FAST).returncode == 0
+    run = RunState.objects.get(pk=run_id)
+    prepare = list(RunStep.objects.filter(run_id=run_id, step="prepare").order_by("attempt")
+                   .values_list("attempt", "status"))
+    assert run.status == RunStatus.COMPLETED
+    if point == "before_intent":
+        assert run.epoch == 1 and prepare == [(1, "completed")]  # claimed once: the killed claim left nothing
+        assert far.email.count() == 60 + 1  # every line priced once, and the notify email
+    else:
+        assert crashed_epochs == [("prepare", 1, "started", 1)]  # the intent was committed with the claim
+        assert run.epoch == 2 and prepare == [(1, "started"), (2, "completed")]  # re_executable: ran again
+        assert far.email.count() == 60 + 1  # killed before pricing a line
+
+
 @pytest.mark.parametrize("point", ["after_intent", "after_effect"])
 def test_killed_resolvable_step_settles_by_lookup_with_one_effect(far, workers, tmp_path, point):
     run_id = make_run("order")

@@ -79,3 +79,26 @@ def test_fingerprint_changes_with_order_and_policy_only():
 def test_unknown_workflow_names_the_known_ones():
     with pytest.raises(UnknownWorkflow, match="no workflow named 'nope'"):
         get_workflow("nope")
+
+
+def test_first_steps_names_each_workflow_whose_first_step_records_an_intent():
+    from durableruns.registry import first_steps
+
+    records = Workflow("unit_first_records")
+    quiet = Workflow("unit_first_quiet")
+
+    @records.step(policy="escalate")
+    def call(ctx): ...
+
+    assert ("unit_first_records", records.fingerprint, "call") in first_steps()
+
+    @records.step(policy="re_executable")
+    def after(ctx): ...
+
+    # A new step changes the fingerprint, and what the claim is told changes with it.
+    assert ("unit_first_records", records.fingerprint, "call") in first_steps()
+
+    @quiet.step(policy="re_executable", intent=False)
+    def pure(ctx): ...
+
+    assert not any(name == "unit_first_quiet" for name, _, _ in first_steps())
