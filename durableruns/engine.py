@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.utils import timezone
 
 from durableruns import conf, store, testing
@@ -54,7 +54,8 @@ class RunOutcome:
 
 def ensure_autocommit() -> None:
     """Refuse to act inside a transaction: a rollback after a real charge would erase the evidence of it."""
-    if connection.in_atomic_block or not transaction.get_autocommit():
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.in_atomic_block or not db.get_autocommit():
         raise EffectInTransaction()
 
 
@@ -218,6 +219,7 @@ class Engine:
         plan = state.workflow.steps
         # Committed together with the previous step's result, or for the first step of a fresh run, the claim.
         pending_intent: Intent | None = state.claimed.first_intent
+        intent: Intent | None
         for index, step in enumerate(plan):
             if step.name in state.boundary.done:
                 continue

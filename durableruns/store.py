@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.db.models import F
 
 from durableruns import pgsql
@@ -100,9 +100,10 @@ def ensure_json(value: Any, *, what: str) -> Any:
 
 def _fast() -> bool:
     """Use the one-statement PostgreSQL path; a statement outside any transaction is its own commit."""
-    if connection.vendor != "postgresql":
+    db = connections[DEFAULT_DB_ALIAS]  # one lookup of this thread's connection, not one per attribute
+    if db.vendor != "postgresql":
         return False
-    if connection.in_atomic_block:
+    if db.in_atomic_block:
         raise RuntimeError("durableruns records each fact in its own transaction: call it outside atomic()")
     return True
 
@@ -168,8 +169,9 @@ def delete_scratch_run(run_id: str) -> None:
 
 
 def _intent_params(intent: Intent) -> dict[str, Any]:
+    progress = to_json(intent.progress, what="progress") if intent.progress else "{}"
     return {"i_step": intent.step, "i_attempt": intent.attempt, "i_key": intent.effect_key,
-            "i_loop": intent.loop_cursor, "i_progress": to_json(intent.progress or {}, what="progress")}
+            "i_loop": intent.loop_cursor, "i_progress": progress}
 
 
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any], now: datetime) -> None:
