@@ -24,7 +24,8 @@ LookupFn = Callable[["StepContext"], "dict[str, Any] | None"]
 
 _registry: dict[str, Workflow] = {}
 _changes = 0  # bumped by every declaration, so what is derived from the registry is derived again
-_first_steps: tuple[int, tuple[tuple[str, str, str], ...]] = (-1, ())
+FirstSteps = tuple[tuple[str, str, str], ...]  # (workflow, plan fingerprint, first step) each
+_first_steps: tuple[int, FirstSteps] = (-1, ())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +149,7 @@ def workflows() -> dict[str, Workflow]:
     return dict(_registry)
 
 
-def first_steps() -> tuple[tuple[str, str, str], ...]:
+def first_steps() -> FirstSteps:
     """(workflow, plan fingerprint, first step) of each registered workflow whose first step records an intent:
     what a claim needs to record a fresh run's first intent in its own commit."""
     global _first_steps

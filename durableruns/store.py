@@ -38,6 +38,7 @@ from durableruns.models import (
     RunStep,
     StepStatus,
 )
+from durableruns.registry import FirstSteps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,17 +197,15 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
         raise DuplicateRun(run_id=run_id) from None
 
 
-FirstSteps = tuple[tuple[str, str, str], ...]
-
-
 def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None = None,
           first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None
           ) -> Claimed | None:
     """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch.
 
-    On PostgreSQL, a fresh run whose (workflow, plan fingerprint) is in `first_steps` also gets the intent of the
-    named first step in the claim's commit (Claimed.first_intent), as each later step's intent rides on the
-    result before it. `before_first_intent(step)` runs before that commit (fault injection).
+    On PostgreSQL, when it takes the oldest due run, a fresh run whose (workflow, plan fingerprint) is in
+    `first_steps` also gets the intent of the named first step in the claim's commit (Claimed.first_intent), as
+    each later step's intent rides on the result before it. `before_first_intent(step)` runs before that commit
+    (fault injection). A claim of a named `run_id`, or on another database, records no intent.
     """
     if run_id is None and _fast():
         taken = pgsql.claim(owner=owner, now=now, expiry=now + timedelta(seconds=lease_seconds),
