@@ -20,7 +20,6 @@ from typing import Any
 
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from bench import app
 from bench.stats import Workload, interleave, ratio
@@ -124,7 +123,7 @@ def claim_workload(finished: int, claims: int) -> Workload:
     def work(_prepared: None) -> None:
         try:
             for _ in range(claims):
-                if store.claim(owner=OWNER, lease_seconds=30, now=timezone.now()) is None:
+                if store.claim(owner=OWNER, lease_seconds=30) is None:
                     raise RuntimeError(f"{schema}: nothing to claim")
         finally:
             app.execute("SET search_path TO DEFAULT")
@@ -138,7 +137,7 @@ def explain(finished: int) -> dict[str, Any]:
     refill(schema, 1)
     with search_path(schema):
         with CaptureQueriesContext(connection) as captured:
-            store.claim(owner=OWNER, lease_seconds=30, now=timezone.now())
+            store.claim(owner=OWNER, lease_seconds=30)
         statement = captured.captured_queries[-1]["sql"]
         planning, _, update = statement.rpartition(";\n")  # the claim's SET LOCAL, then its UPDATE
         with connection.cursor() as cursor:

@@ -32,6 +32,7 @@ class StepAttempt:
     effect_key: str = ""
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    renewed_at: datetime | None = None  # the last renewal while it was in hand: its process was alive then
     loop_cursor: int = 0
     progress: Mapping[str, Any] = field(default_factory=dict)
     result: Any = None

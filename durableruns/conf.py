@@ -26,6 +26,19 @@ def lookup_retry() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_LOOKUP_RETRY_SECONDS", 5.0)))
 
 
+def max_crashes() -> int:
+    """How many times a step may end in doubt (its worker died, or the call raised without an answer) before the
+    run stops for staff; DURABLERUNS_MAX_CRASHES, 100 by default (as DBOS's recovery attempts). Observed failures
+    count against the step's own max_attempts instead."""
+    return int(getattr(settings, "DURABLERUNS_MAX_CRASHES", 100))
+
+
+def internal_error_backoff() -> timedelta:
+    """How long a run whose pass raised inside durableruns itself (a bug, or data the database refused) waits
+    before a worker tries it again; DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS, 60 by default."""
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS", 60.0)))
+
+
 def default_timeout() -> timedelta:
     """The longest a step's far call may stay open when the step declares no timeout."""
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_DEFAULT_TIMEOUT_SECONDS", 30.0)))

@@ -8,19 +8,19 @@ functions, and it never turns an unknown outcome into a failure: only a declared
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import threading
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
-from django.utils import timezone
 
 from durableruns import conf, store, testing
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
+from durableruns.clock import Clock
 from durableruns.context import StepContext
 from durableruns.errors import EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
 from durableruns.models import Escalation, Intervention, Resolution, RunStatus, RunStep
@@ -33,13 +33,13 @@ from durableruns.policies import (
     after_lookup,
     after_lookup_error,
     cap_attempts,
+    cap_crashes,
     settle_in_doubt,
 )
 from durableruns.registry import Step, Workflow, effect_key, get_workflow
 from durableruns.store import Claimed, Intent, Lease
 
 log = logging.getLogger("durableruns")
-Clock = Callable[[], datetime]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,8 +59,8 @@ def ensure_autocommit() -> None:
         raise EffectInTransaction()
 
 
-_ATTEMPT_FIELDS = ("step", "attempt", "status", "effect_key", "started_at", "finished_at", "loop_cursor",
-                   "progress", "result", "error")
+_ATTEMPT_FIELDS = ("step", "attempt", "status", "effect_key", "started_at", "finished_at", "renewed_at",
+                   "loop_cursor", "progress", "result", "error")
 
 
 def load_attempts(run_id: str) -> list[StepAttempt]:
@@ -73,6 +73,8 @@ class Heartbeat:
 
     A paused or dead process stops renewing, and that is what lets another worker take the run over. The
     thread lives as long as the worker's pass, not one run: starting a thread per run costs more than a step.
+    A renewal that meets a database error drops the thread's connection, so the next beat connects anew: a
+    connection killed under it (a restarted server, a pooler, a network blip) must not cost the lease.
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -105,14 +107,24 @@ class Heartbeat:
                     self._changed.clear()
                     continue
                 try:
-                    store.renew(lease, now=self.clock())  # type: ignore[arg-type]
+                    store.renew(lease, clock=self.clock)  # type: ignore[arg-type]
                 except FencedOut:
                     log.info("run %s: lease not renewed: released or taken over", lease.run_id)  # type: ignore[union-attr]
-                except DatabaseError as exc:  # the main thread meets the same error on its next write
-                    log.warning("lease not renewed: %s", exc)
+                except DatabaseError as exc:
+                    log.warning("run %s: lease not renewed (%s); reconnecting for the next beat",
+                                lease.run_id, str(exc).strip())  # type: ignore[union-attr]
+                    _drop_connection()
         finally:
             for opened in connections.all(initialized_only=True):  # this thread's own, if it renewed at all
                 opened.close()
+
+
+def _drop_connection() -> None:
+    """Discard this thread's database connection (it may be broken); Django opens a new one on next use."""
+    try:
+        connections[DEFAULT_DB_ALIAS].close()
+    except DatabaseError:  # closing a broken connection can fail too; it is gone either way
+        connections[DEFAULT_DB_ALIAS].connection = None
 
 
 @dataclass
@@ -130,6 +142,19 @@ class _Pass:
     progress: dict[str, Any] = field(default_factory=dict)
     # The attempt number from which each step's attempts count again after a staff retry; read on first need.
     _floors: dict[str, int] | None = None
+    # Per step, since its floor: [observed failures, ends in doubt], from the record, then counted in the pass.
+    _tally: dict[str, list[int]] = field(default_factory=dict)
+    attempts: list[StepAttempt] = field(default_factory=list)
+
+    def tally(self, step: str) -> list[int]:
+        """[failures, crashes] of `step` since staff last gave it a fresh count; the pass adds to it in place."""
+        counts = self._tally.get(step)
+        if counts is None:
+            floor = self.floor(step)
+            mine = [a for a in self.attempts if a.step == step and a.attempt > floor]
+            counts = self._tally[step] = [sum(a.status == "failed" for a in mine),
+                                          sum(a.status == "started" for a in mine)]
+        return counts
 
     def floor(self, step: str) -> int:
         if self._floors is None:
@@ -159,8 +184,8 @@ class _Stop(Exception):
 class Engine:
     """Works claimed runs. `clock` is injectable so tests can move time past a lookup's lag."""
 
-    def __init__(self, clock: Clock = timezone.now) -> None:
-        self.clock = clock
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or store.DATABASE
         self._heartbeat: Heartbeat | None = None
 
     def __enter__(self) -> Engine:
@@ -201,7 +226,7 @@ class Engine:
             )
         attempts = load_attempts(lease.run_id) if claimed.attempts is None else claimed.attempts
         boundary = compute_boundary(workflow.plan, attempts)  # once, before any step runs
-        state = _Pass(claimed=claimed, workflow=workflow, boundary=boundary)
+        state = _Pass(claimed=claimed, workflow=workflow, boundary=boundary, attempts=attempts)
         state.results = {s: boundary.latest[s].result for s in boundary.done}
         try:
             return self._drive(state)
@@ -233,7 +258,7 @@ class Engine:
                     continue
             pending_intent = self._run_until_settled(state, step, index, intent, recorded, plan)
         if not state.finished:
-            store.release(state.lease, status=RunStatus.COMPLETED, now=self.clock())
+            store.release(state.lease, status=RunStatus.COMPLETED, clock=self.clock)
         return RunOutcome(run_id=state.run_id, status=RunStatus.COMPLETED,
                           detail=f"all {len(plan)} steps complete", steps_run=state.steps_run)
 
@@ -244,8 +269,7 @@ class Engine:
             return self._fresh_intent(state, step, index, attempt=1), False
         if latest.status == "failed":
             verdict = cap_attempts(Next(action=Action.RUN, reason=f"retrying {step.name} after a failure"),
-                                   attempts_made=self._made(state, step, latest.attempt),
-                                   max_attempts=step.max_attempts)
+                                   failures=state.tally(step.name)[0], max_attempts=step.max_attempts)
             return self._apply(state, step, index, latest, verdict)
         return self._settle(state, step, index, latest)
 
@@ -259,14 +283,13 @@ class Engine:
             verdict = self._look_up(state, step, attempt)
         if cause:
             verdict = replace(verdict, reason=f"{verdict.reason} (the call raised {cause})")
-        if step.policy is not Policy.ESCALATE:
-            verdict = cap_attempts(verdict, attempts_made=self._made(state, step, attempt.attempt),
-                                   max_attempts=step.max_attempts)
+        if step.policy is not Policy.ESCALATE:  # a person settles each escalation: no budget to count there
+            verdict = cap_crashes(verdict, step=step.name, crashes=state.tally(step.name)[1],
+                                  max_crashes=conf.max_crashes())
         return self._apply(state, step, index, attempt, verdict)
 
     def _apply(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, verdict: Next
                ) -> tuple[Intent | None, bool]:
-        now = self.clock()
         lease = state.lease
         action = verdict.action
         if action is Action.RUN:
@@ -274,18 +297,20 @@ class Engine:
             return self._fresh_intent(state, step, index, attempt=attempt.attempt + 1, restored=restored), False
         if action is Action.COMPLETE:
             resolution = Resolution.LOOKUP if step.policy is Policy.RESOLVABLE else Resolution.DECISION
+            encoded = store.to_json(verdict.result, what=f"the result of {step.name}")
             store.record_result(lease, step=step.name, attempt=attempt.attempt, result=verdict.result,
-                                cursor=index + 1, now=now, resolution=resolution)
-            state.results[step.name] = verdict.result
+                                cursor=index + 1, clock=self.clock, resolution=resolution, encoded=encoded)
+            state.results[step.name] = json.loads(encoded)  # as recorded, exactly as a resume will read it
             return None, False
         if action is Action.WAIT:
             raise _Stop(self._release(lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
         if action is Action.ESCALATE:
             store.open_escalation(lease, step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
-                                  in_doubt_since=attempt.started_at or now, reason=verdict.reason, now=now)
+                                  in_doubt_since=attempt.started_at or attempt.renewed_at, reason=verdict.reason,
+                                  clock=self.clock)
             raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION,
                                    detail=verdict.reason, steps_run=state.steps_run))
-        if action is Action.HOLD:
+        if action in (Action.HOLD, Action.STOP):
             raise _Stop(self._release(lease, RunStatus.NEEDS_DECISION, verdict.reason))
         if action is Action.CANCEL:
             raise _Stop(self._release(lease, RunStatus.CANCELLED, verdict.reason))
@@ -298,16 +323,15 @@ class Engine:
             lease = state.lease
             if step.intent and not recorded:
                 testing.reached("before_intent", step.name)
-                store.record_intent(lease, intent, now=self.clock())  # commit 1: before the step acts
+                store.record_intent(lease, intent, clock=self.clock)  # commit 1: before the step acts
             recorded = step.intent
             testing.reached("after_intent", step.name)
-            started_at = self.clock()
             try:
                 result, encoded = self._call(state, step, intent)
             except (FencedOut, EffectInTransaction):
                 raise
             except Exception as exc:  # users' code: classify, never retry blindly
-                follow = self._after_error(state, step, index, intent, recorded, started_at, exc)
+                follow = self._after_error(state, step, index, intent, recorded, exc)
                 if follow is None:
                     return None
                 intent, recorded = follow
@@ -318,11 +342,13 @@ class Engine:
                 testing.reached("before_intent", next_intent.step)
             last = index + 1 == len(plan)
             store.record_result(lease, step=step.name, attempt=intent.attempt, result=result, cursor=index + 1,
-                                now=self.clock(), intent_recorded=recorded, effect_key=intent.effect_key,
+                                clock=self.clock, intent_recorded=recorded, effect_key=intent.effect_key,
                                 next_intent=next_intent, finish=last,
                                 encoded=encoded)  # commit 2, the last thing the step does
             state.finished = last
-            state.results[step.name] = result
+            # Later steps see the result as recorded (JSON's keys are strings, its arrays lists), exactly as they
+            # would after a resume: a pass that ran live and one that resumed must not see different values.
+            state.results[step.name] = json.loads(encoded)
             state.steps_run += 1
             return next_intent
 
@@ -330,37 +356,40 @@ class Engine:
         """Run the step; return its result and the result's JSON (encoded once, refused here if it is not)."""
         lease = state.lease
 
-        state.loop_cursor, state.progress = intent.loop_cursor, dict(intent.progress or {})
+        # The step gets its own copy of the last committed progress: what it changes before it raises must not
+        # leak into the copy a new attempt starts from (nested lists would, with a shallow copy).
+        state.loop_cursor, state.progress = intent.loop_cursor, copy.deepcopy(dict(intent.progress or {}))
 
         def checkpoint(loop_cursor: int, progress: dict[str, Any]) -> None:
             store.checkpoint(lease, step=step.name, attempt=intent.attempt, loop_cursor=loop_cursor,
-                             progress=progress, now=self.clock())
+                             progress=progress, clock=self.clock)
             state.loop_cursor, state.progress = loop_cursor, copy.deepcopy(progress)  # as committed
 
         ctx = StepContext(
             run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
             effect_key=intent.effect_key, attempt=intent.attempt,
             timeout=step_timeout(step),
-            progress=dict(intent.progress or {}), loop_start=intent.loop_cursor, checkpoint=checkpoint,
+            progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
         )
         ensure_autocommit()
         result = step.fn(ctx)
         return result, store.to_json(result, what=f"the result of {step.name}")
 
     def _after_error(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
-                     started_at: datetime, exc: Exception) -> tuple[Intent, bool] | None:
+                     exc: Exception) -> tuple[Intent, bool] | None:
         """Classify a step's exception: a rejection (or a re-executable step) failed; anything else is in doubt."""
-        now = self.clock()
+        now = self.clock.now()  # the database's: the moment the step raised, the last its call could start
         error = _describe(exc)
         log.info("run %s: %s attempt %s raised %s", state.run_id, step.name, intent.attempt, error)
         # What the attempt committed, as the record has it: a new attempt continues from its last checkpoint.
         attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
-                              effect_key=intent.effect_key, started_at=started_at,
+                              effect_key=intent.effect_key, renewed_at=now,
                               loop_cursor=state.loop_cursor, progress=state.progress)
         if step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE:
-            store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, now=now,
+            store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, clock=self.clock,
                                  intent_recorded=recorded, effect_key=intent.effect_key)
-            verdict = after_failure(attempts_made=self._made(state, step, intent.attempt),
+            state.tally(step.name)[0] += 1
+            verdict = after_failure(attempts_made=state.tally(step.name)[0],
                                     max_attempts=step.max_attempts, now=now, backoff=conf.retry_backoff(),
                                     backoff_max=conf.retry_backoff_max())
             if verdict.action is Action.RUN:
@@ -370,7 +399,8 @@ class Engine:
             raise _Stop(self._release(state.lease, status, f"{step.name}: {error}; {verdict.reason}",
                                    wake_at=verdict.until))
         # The call may have reached the far system: the attempt stays started (in doubt) and goes through
-        # its policy, exactly as if the process had died here.
+        # its policy, exactly as if the process had died here (and counts against the crash budget as such).
+        state.tally(step.name)[1] += 1
         moved, _ = self._settle(state, step, index, attempt, cause=error.splitlines()[-1])
         if moved is None:
             return None
@@ -383,7 +413,7 @@ class Engine:
         return Intent(
             step=step.name, attempt=attempt, effect_key=effect_key(state.run_id, step.name), cursor=index,
             loop_cursor=restored.loop_cursor if restored else 0,
-            progress=dict(restored.progress) if restored else None,
+            progress=copy.deepcopy(dict(restored.progress)) if restored else None,
         )
 
     def _next_intent(self, state: _Pass, plan: list[Step], index: int) -> Intent | None:
@@ -403,13 +433,17 @@ class Engine:
         try:
             ensure_autocommit()
             found = step.lookup(ctx)
+            if found is not None and not isinstance(found, dict):
+                # Neither an effect nor a "not found": an empty list must not complete the step, nor "yes"
+                raise ResultNotJSON(f"the lookup of {step.name} returned a {type(found).__name__}, "
+                                    f"not a dict (found) or None (not found)")
             if found is not None:
                 store.ensure_json(found, what=f"the lookup result of {step.name}")
         except (EffectInTransaction, ResultNotJSON) as exc:
-            return after_lookup_error(str(exc), now=self.clock(), retry_in=conf.lookup_retry())
+            return after_lookup_error(str(exc), now=self.clock.now(), retry_in=conf.lookup_retry())
         except Exception as exc:  # a lookup that raises proves nothing; never taken as absence
-            return after_lookup_error(_describe(exc), now=self.clock(), retry_in=conf.lookup_retry())
-        return after_lookup(found, attempt=attempt, now=self.clock(),
+            return after_lookup_error(_describe(exc), now=self.clock.now(), retry_in=conf.lookup_retry())
+        return after_lookup(found, attempt=attempt, now=self.clock.now(),
                             timeout=step_timeout(step), lookup_lag=step.lookup_lag)
 
     def _escalation_state(self, run_id: str, step: Step, attempt: StepAttempt) -> tuple[Outcome | None, bool]:
@@ -424,13 +458,8 @@ class Engine:
             return None, True
         return Outcome(decision.action), False
 
-    @staticmethod
-    def _made(state: _Pass, step: Step, attempt_no: int) -> int:
-        """Attempts made of `step` since staff last gave it a fresh count (a retry), for max_attempts."""
-        return attempt_no - state.floor(step.name)
-
     def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
-        store.release(lease, status=status, now=self.clock(), wake_at=wake_at, reason=reason)
+        store.release(lease, status=status, clock=self.clock, wake_at=wake_at, reason=reason)
         detail = f"{reason} (until {wake_at:%H:%M:%S})" if wake_at else reason
         return RunOutcome(run_id=lease.run_id, status=status, detail=detail)
 

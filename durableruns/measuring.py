@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.utils import timezone
 
 from durableruns import store
 from durableruns.context import StepContext
@@ -58,7 +57,7 @@ class MeasuringContext(StepContext):
     def _commit(self, loop_cursor: int, progress: dict[str, Any]) -> None:
         began = time.perf_counter()
         store.checkpoint(self._lease, step=self.step, attempt=self.attempt, loop_cursor=loop_cursor,
-                         progress=progress, now=timezone.now())
+                         progress=progress)
         self.commit_seconds.append(time.perf_counter() - began)
 
 
@@ -75,15 +74,13 @@ class Measurement:
 def scratch_run(step: Step) -> Iterator[store.Lease]:
     """A run held under a long lease with `step` started, to commit real checkpoints on; deleted on exit."""
     run_id = f"{SCRATCH_PREFIX}{uuid.uuid4().hex}"
-    now = timezone.now()
     try:
-        store.create_run(run_id=run_id, workflow=store.SCRATCH_WORKFLOW, plan_fingerprint="-", input={}, now=now)
-        claimed = store.claim(owner=f"measure_loop:{run_id}", lease_seconds=SCRATCH_LEASE_SECONDS, now=now,
-                              run_id=run_id)
+        store.create_run(run_id=run_id, workflow=store.SCRATCH_WORKFLOW, plan_fingerprint="-", input={})
+        claimed = store.claim(owner=f"measure_loop:{run_id}", lease_seconds=SCRATCH_LEASE_SECONDS, run_id=run_id)
         if claimed is None:
             raise NotMeasurable(f"a worker took the scratch run {run_id} before the measurement could; try again")
         store.record_intent(claimed.lease, store.Intent(step=step.name, attempt=1,
-                                                        effect_key=effect_key(run_id, step.name), cursor=0), now=now)
+                                                        effect_key=effect_key(run_id, step.name), cursor=0))
         yield claimed.lease
     finally:
         store.delete_scratch_run(run_id)

@@ -96,6 +96,10 @@ class RunStep(models.Model):
     effect_key = models.CharField(max_length=500, blank=True, default="")
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    renewed_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="The last lease renewal while this attempt was in hand (the database's clock): the last moment "
+                  "its process was known alive, from which absence at the far system becomes provable.")
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     resolution = models.CharField(max_length=20, choices=Resolution.choices, blank=True, default="")
@@ -126,6 +130,7 @@ class RunStep(models.Model):
             effect_key=self.effect_key,
             started_at=self.started_at,
             finished_at=self.finished_at,
+            renewed_at=self.renewed_at,
             loop_cursor=self.loop_cursor,
             progress=self.progress or {},
             result=self.result,

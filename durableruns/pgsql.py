@@ -19,7 +19,7 @@ prepared statements turns preparing off.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -38,13 +38,13 @@ _CLAIM_PLANNING = "SET LOCAL enable_sort = off;\n"
 _CLAIM = """
 WITH claimed AS (
   UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
-         lease_expires_at = %(expiry)s, wake_at = NULL, updated_at = %(now)s
+         lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s
    WHERE run_id = (
          SELECT run_id FROM run_state
           WHERE status IN ('pending', 'running', 'waiting')
             AND (status = 'pending'
-                 OR (status = 'running' AND lease_expires_at < %(now)s)
-                 OR (status = 'waiting' AND wake_at <= %(now)s))
+                 OR (status = 'running' AND lease_expires_at < now() + %(shift)s)
+                 OR (status = 'waiting' AND wake_at <= now() + %(shift)s))
           ORDER BY created_at
           LIMIT 1
             FOR UPDATE SKIP LOCKED)
@@ -54,8 +54,8 @@ WITH claimed AS (
 first AS (
   INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, finished_at, result, error,
                         resolution, owner, epoch, loop_cursor, progress)
-  SELECT c.run_id, f.step, 1, 'started', c.run_id || ':' || f.step, %(now)s, NULL, NULL, '', '', %(owner)s,
-         c.epoch, 0, '{}'::jsonb
+  SELECT c.run_id, f.step, 1, 'started', c.run_id || ':' || f.step, now() + %(shift)s, NULL, NULL, '', '',
+         %(owner)s, c.epoch, 0, '{}'::jsonb
     FROM claimed c
     JOIN jsonb_to_recordset(%(first_steps)s::jsonb) AS f(workflow text, fingerprint text, step text)
       ON f.workflow = c.workflow AND f.fingerprint = c.plan_fingerprint
@@ -65,7 +65,8 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        -- the run's attempts ride on the claim (as they were before it): the boundary needs them first
        (SELECT coalesce(json_agg(json_build_object(
                  'step', s.step, 'attempt', s.attempt, 'status', s.status, 'effect_key', s.effect_key,
-                 'started_at', s.started_at, 'finished_at', s.finished_at, 'loop_cursor', s.loop_cursor,
+                 'started_at', s.started_at, 'finished_at', s.finished_at, 'renewed_at', s.renewed_at,
+                 'loop_cursor', s.loop_cursor,
                  'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
           FROM run_step s WHERE s.run_id = c.run_id),
        (SELECT step FROM first), (SELECT effect_key FROM first)
@@ -75,7 +76,7 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
 _INTENT_ROW = """
 INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, finished_at, result, error,
                       resolution, owner, epoch, loop_cursor, progress)
-SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, %(now)s, NULL, NULL, '', '', %(owner)s,
+SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, now() + %(shift)s, NULL, NULL, '', '', %(owner)s,
        %(epoch)s, %(i_loop)s, %(i_progress)s::jsonb
   FROM fence
 """
@@ -83,32 +84,33 @@ SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, %(now)s, NULL, N
 _CREATE_RUN = """
 INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, lease_expires_at, wake_at,
                        reason, input, created_at, updated_at)
-VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb, %(now)s,
-        %(now)s)
+VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb, now(),
+        now())
 """
 
 _RECORD_INTENT = """
 WITH fence AS (
-  UPDATE run_state SET cursor = %(cursor)s, updated_at = %(now)s, lease_expires_at = %(expiry)s
+  UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s,
+         lease_expires_at = now() + %(shift)s + %(lease)s
    WHERE run_id = %(run)s AND epoch = %(epoch)s
   RETURNING run_id)
 """ + _INTENT_ROW
 
 _RESULT_HEAD = """
 WITH fence AS (
-  UPDATE run_state SET cursor = %(cursor)s, updated_at = %(now)s, {state}
+  UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s, {state}
    WHERE run_id = %(run)s AND epoch = %(epoch)s
      AND EXISTS (SELECT 1 FROM run_step
                   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
   RETURNING run_id),
 done AS (
-  UPDATE run_step SET status = 'completed', result = %(result)s::jsonb, finished_at = %(now)s,
+  UPDATE run_step SET status = 'completed', result = %(result)s::jsonb, finished_at = now() + %(shift)s,
          resolution = %(resolution)s
    WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started'
      AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
 """
-_STILL_RUNNING = "lease_expires_at = %(expiry)s"
+_STILL_RUNNING = "lease_expires_at = now() + %(shift)s + %(lease)s"
 _FINISHED = "status = 'completed', lease_expires_at = NULL, wake_at = NULL, reason = ''"
 _RECORD_RESULT = {
     (False, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + "SELECT 1 FROM fence",
@@ -119,13 +121,27 @@ _RECORD_RESULT = {
 
 _CHECKPOINT = """
 WITH fence AS (
-  UPDATE run_state SET updated_at = %(now)s, lease_expires_at = %(expiry)s
+  UPDATE run_state SET updated_at = now() + %(shift)s, lease_expires_at = now() + %(shift)s + %(lease)s
    WHERE run_id = %(run)s AND epoch = %(epoch)s
      AND EXISTS (SELECT 1 FROM run_step
                   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
   RETURNING run_id)
-UPDATE run_step SET loop_cursor = %(loop)s, progress = %(progress)s::jsonb
+UPDATE run_step SET loop_cursor = %(loop)s, progress = %(progress)s::jsonb, renewed_at = now() + %(shift)s
  WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND EXISTS (SELECT 1 FROM fence)
+"""
+
+# A heartbeat: the lease runs on from the database's now, and the attempt in hand (started under this epoch)
+# records that its process was alive then: absence at the far system is provable only after that moment.
+_RENEW = """
+WITH fence AS (
+  UPDATE run_state SET updated_at = now() + %(shift)s, lease_expires_at = now() + %(shift)s + %(lease)s
+   WHERE run_id = %(run)s AND epoch = %(epoch)s AND status = 'running'
+  RETURNING run_id),
+seen AS (
+  UPDATE run_step SET renewed_at = now() + %(shift)s
+   WHERE run_id = %(run)s AND epoch = %(epoch)s AND status = 'started' AND EXISTS (SELECT 1 FROM fence)
+  RETURNING 1)
+SELECT count(*) FROM fence
 """
 
 
@@ -209,9 +225,12 @@ def _rowcount(sql: str, params: dict[str, Any]) -> int:
 
 
 Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None"]
+# Every time in these statements is the database's now() moved by `shift` (zero outside tests), and a lease runs
+# `lease` from it: no host's clock decides who owns a run (durableruns.clock).
+Times = dict[str, timedelta]
 
 
-def claim(*, owner: str, now: datetime, expiry: datetime, first_steps: str,
+def claim(*, owner: str, times: Times, first_steps: str,
           before_commit: Callable[[str], None] | None = None) -> Claim | None:
     """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
     at once. A fresh run of a workflow in `first_steps` (JSON: workflow, fingerprint, step) gets its first
@@ -220,7 +239,7 @@ def claim(*, owner: str, now: datetime, expiry: datetime, first_steps: str,
     The statement always runs in a transaction of its own with _CLAIM_PLANNING, so every plan PostgreSQL makes
     for it (custom, generic, or again after an ANALYZE) walks the index. `before_commit(step)` (fault injection)
     is called with the transaction still open when a first intent rode on the claim: nothing is recorded yet."""
-    params: dict[str, Any] = {"owner": owner, "now": now, "expiry": expiry, "first_steps": first_steps}
+    params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, **times}
     db = connections[DEFAULT_DB_ALIAS]
     hot = _hot_path()
     db.ensure_connection()
@@ -257,34 +276,36 @@ def claim(*, owner: str, now: datetime, expiry: datetime, first_steps: str,
     return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
 
 
-def create_run(*, run: str, workflow: str, fingerprint: str, input: str, now: datetime) -> None:
-    """Record a pending run (`input` as JSON text): the row RunState.objects.create writes, without building it
-    through the ORM. A duplicate run_id raises Django's IntegrityError."""
-    _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input,
-                            "now": now})
+def create_run(*, run: str, workflow: str, fingerprint: str, input: str) -> None:
+    """Record a pending run (`input` as JSON text) created at the database's now: the row RunState.objects.create
+    writes, without building it through the ORM. A duplicate run_id raises Django's IntegrityError."""
+    _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input})
 
 
-def record_intent(*, run: str, epoch: int, owner: str, now: datetime, expiry: datetime, cursor: int,
-                  **intent: Any) -> bool:
+def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int, **intent: Any) -> bool:
     """Insert the started row (`intent`: i_step, i_attempt, i_key, i_loop, i_progress) and move the cursor,
     fenced; False if the epoch is stale."""
-    return _rowcount(_RECORD_INTENT, {"run": run, "epoch": epoch, "owner": owner, "now": now, "expiry": expiry,
-                                      "cursor": cursor, **intent}) == 1
+    return _rowcount(_RECORD_INTENT, {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, **times,
+                                      **intent}) == 1
 
 
-def record_result(*, run: str, epoch: int, owner: str, now: datetime, expiry: datetime, cursor: int, step: str,
-                  attempt: int, result: str, resolution: str, finish: bool,
-                  intent: dict[str, Any] | None) -> bool:
+def record_result(*, run: str, epoch: int, owner: str, times: Times, cursor: int, step: str, attempt: int,
+                  result: str, resolution: str, finish: bool, intent: dict[str, Any] | None) -> bool:
     """Complete the started attempt, move the cursor, and either add the next intent or finish the run."""
-    params = {"run": run, "epoch": epoch, "owner": owner, "now": now, "expiry": expiry, "cursor": cursor,
-              "step": step, "attempt": attempt, "result": result, "resolution": resolution}
+    params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, "step": step, "attempt": attempt,
+              "result": result, "resolution": resolution, **times}
     if intent is not None:
         params.update(intent)
     return _one(_RECORD_RESULT[(intent is not None, finish)], params) is not None
 
 
-def checkpoint(*, run: str, epoch: int, now: datetime, expiry: datetime, step: str, attempt: int, loop: int,
-               progress: str) -> bool:
+def checkpoint(*, run: str, epoch: int, times: Times, step: str, attempt: int, loop: int, progress: str) -> bool:
     """Commit a loop's position inside the started attempt, fenced."""
-    return _rowcount(_CHECKPOINT, {"run": run, "epoch": epoch, "now": now, "expiry": expiry, "step": step,
-                                   "attempt": attempt, "loop": loop, "progress": progress}) == 1
+    return _rowcount(_CHECKPOINT, {"run": run, "epoch": epoch, "step": step, "attempt": attempt, "loop": loop,
+                                   "progress": progress, **times}) == 1
+
+
+def renew(*, run: str, epoch: int, times: Times) -> bool:
+    """Extend a running run's lease from the database's now and mark its attempt in hand alive; False if the
+    epoch is stale or the run is no longer running."""
+    return int(_one(_RENEW, {"run": run, "epoch": epoch, **times})[0]) == 1

@@ -40,6 +40,7 @@ class Action(enum.StrEnum):
     HOLD = "hold"  # an escalation is open: stop, do nothing
     CANCEL = "cancel"  # a person abandoned the run
     FAIL = "fail"  # observed failures exhausted the attempts: the run fails
+    STOP = "stop"  # the step ended in doubt too often (crashes): stop for staff, never failed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,10 +77,14 @@ def settle_in_doubt(
 
 
 def absence_provable_at(attempt: StepAttempt, *, timeout: timedelta, lookup_lag: timedelta) -> datetime:
-    """Return when a 'not found' stops being lateness: after the call could still land, plus the lookup's lag."""
-    if attempt.started_at is None:
+    """Return when a 'not found' stops being lateness: the last moment the attempt's process could still have
+    made the call (its last lease renewal, or its start if it never renewed), plus the time the call may stay
+    open, plus the lookup's lag. Counting from the start instead would run again early a step that worked (or
+    read) for longer than its timeout before calling out."""
+    alive = attempt.renewed_at or attempt.started_at
+    if alive is None:
         raise ValueError(f"attempt {attempt.attempt} of {attempt.step} has no start time")
-    return attempt.started_at + timeout + lookup_lag
+    return alive + timeout + lookup_lag
 
 
 def after_lookup(
@@ -125,8 +130,20 @@ def after_failure(
     return Next(action=Action.WAIT, until=now + delay, reason=f"retrying after {delay.total_seconds():g}s")
 
 
-def cap_attempts(verdict: Next, *, attempts_made: int, max_attempts: int) -> Next:
-    """Turn an automatic re-run into a failure once the step has used its attempts (a crash loop ends too)."""
-    if verdict.action is Action.RUN and attempts_made >= max_attempts:
-        return Next(action=Action.FAIL, reason=f"gave up after {attempts_made} of {max_attempts} attempts")
+def cap_attempts(verdict: Next, *, failures: int, max_attempts: int) -> Next:
+    """Turn a re-run after observed failures into the run's failure once the step has used its attempts."""
+    if verdict.action is Action.RUN and failures >= max_attempts:
+        return Next(action=Action.FAIL, reason=f"gave up after {failures} of {max_attempts} attempts")
+    return verdict
+
+
+def cap_crashes(verdict: Next, *, step: str, crashes: int, max_crashes: int) -> Next:
+    """Stop an automatic re-run for staff once the step has ended in doubt `max_crashes` times.
+
+    A crash is not a failure: the process died, or the call raised something that proves nothing, so nothing
+    was observed to fail and the run must never be `failed` for it. It still must not loop for ever."""
+    if verdict.action is Action.RUN and crashes >= max_crashes:
+        return Next(action=Action.STOP, reason=(
+            f"{step} ended in doubt {crashes} times (the worker died, or the call raised without an answer): the "
+            f"crash budget of {max_crashes} is used up; staff decide (retry it, or cancel the run)"))
     return verdict

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError
-from django.utils import timezone
+from django.db import DatabaseError, DataError, IntegrityError
 
 from durableruns import conf, store, testing
 from durableruns.boundary import Boundary, compute_boundary
+from durableruns.clock import Clock
 from durableruns.engine import Engine, RunOutcome
 from durableruns.errors import (
     EscalationNotFound,
+    FencedOut,
     InvalidDecision,
     InvalidInput,
     ResultNotJSON,
@@ -30,7 +31,7 @@ from durableruns.models import Escalation, Intervention, RunState, RunStatus, Ru
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
 from durableruns.registry import first_steps, get_workflow
 
-Clock = Callable[[], datetime]
+log = logging.getLogger("durableruns")
 
 
 def default_owner() -> str:
@@ -38,7 +39,7 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, now: datetime | None = None) -> str:
+def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> str:
     """Record a pending run of a registered workflow and return its run_id; a worker executes it."""
     workflow = get_workflow(workflow_name)
     if not isinstance(input, dict):
@@ -50,8 +51,7 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, now:
     if run_id is not None and (not isinstance(run_id, str) or not run_id.strip() or len(run_id) > 200):
         raise InvalidInput("run_id must be a non-empty string of at most 200 characters")
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
-    store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=workflow.fingerprint, input=input,
-                     now=now or timezone.now())
+    store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=workflow.fingerprint, input=input)
     return run_id
 
 
@@ -121,14 +121,18 @@ def resume_due(
     lease_seconds: float | None = None,
     run_id: str | None = None,
     max_seconds: float | None = None,
-    clock: Clock = timezone.now,
+    clock: Clock | None = None,
     on_outcome: Callable[[RunOutcome], None] | None = None,
 ) -> PassReport:
-    """Claim due runs one at a time and work each; safe to run from any number of hosts at once.
+    """Claim due runs one at a time and work each; safe to run from any number of hosts at once, whatever their
+    clocks say: every time that decides ownership is the database's (`clock` shifts it, for tests).
 
-    A database error stops the pass (raised to the caller): nothing is half recorded, since every fact is its
-    own transaction, and the next pass picks up from the record.
+    One run's trouble ends that run's turn only: a bug inside durableruns, or data the database refuses, is
+    recorded as the run's reason and the run waits out a backoff, while the pass goes on to the next run. A
+    database that cannot be reached stops the pass (raised to the caller): nothing is half recorded, since
+    every fact is its own transaction, and the next pass picks up from the record.
     """
+    clock = clock or store.DATABASE
     owner = owner or default_owner()
     lease_seconds = conf.lease_seconds() if lease_seconds is None else lease_seconds
     report = PassReport()
@@ -153,22 +157,41 @@ def _work_due(engine: Engine, report: PassReport, *, limit: int, owner: str, lea
     while len(report.outcomes) + len(report.crashed) < limit:
         if max_seconds is not None and time.monotonic() - began >= max_seconds:
             break
-        claimed = store.claim(owner=owner, lease_seconds=lease_seconds, now=clock(), run_id=run_id,
+        claimed = store.claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id,
                               first_steps=first_steps(), before_first_intent=_before_first_intent())
         if claimed is None:
             break
         try:
             outcome = engine.work(claimed)
+        except (DataError, IntegrityError) as exc:  # this run's data, not the database's health
+            report.crashed.append((claimed.lease.run_id, _set_aside(claimed.lease, exc, clock)))
+            continue
         except DatabaseError:
             raise
-        except Exception as exc:  # a bug, not a step's failure: report it, keep the others going
-            report.crashed.append((claimed.lease.run_id, f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # a bug, not a step's failure: record it, keep the others going
+            report.crashed.append((claimed.lease.run_id, _set_aside(claimed.lease, exc, clock)))
             continue
         report.outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)
         if run_id is not None:
             break
+
+
+def _set_aside(lease: store.Lease, exc: Exception, clock: Clock) -> str:
+    """Record why a run's pass raised and release it for a backoff, fenced on its epoch (a run another worker
+    took meanwhile is left to it); return the error as the operator sees it."""
+    error = f"{type(exc).__name__}: {exc}".strip()
+    log.error("run %s: durableruns raised while working it: %s", lease.run_id, error, exc_info=exc)
+    try:
+        store.release(lease, status=RunStatus.WAITING, clock=clock,
+                      wake_at=clock.now() + conf.internal_error_backoff(),
+                      reason=f"durableruns raised while working this run ({error}); trying again after a backoff")
+    except FencedOut:
+        pass
+    except DatabaseError as again:  # the lease runs out on its own and the run is taken again then
+        log.error("run %s: could not record the error: %s", lease.run_id, again)
+    return error
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,9 +201,10 @@ class Preview:
     would: str
 
 
-def preview_due(*, limit: int = 100, run_id: str | None = None, clock: Clock = timezone.now) -> list[Preview]:
+def preview_due(*, limit: int | None = 100, run_id: str | None = None, clock: Clock | None = None
+                ) -> list[Preview]:
     """Say what a pass would do with each due run, changing nothing (no claim, no lookup, no step)."""
-    now = clock()
+    now = (clock or store.DATABASE).expression()
     runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else RunState.objects.due(now).order_by(
         "created_at")
     previews = []
@@ -234,8 +258,8 @@ def _required_note(note: Any) -> str:
     return note.strip()
 
 
-def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, result: Any = None,
-                       now: datetime | None = None) -> Intervention:
+def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, result: Any = None
+                       ) -> Intervention:
     """Decide an escalation once, recording who, when and why; the next resume_runs acts on it."""
     try:
         chosen = Outcome(outcome)
@@ -254,7 +278,7 @@ def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, 
         plan = plan_of(escalation.run)
         cursor = plan.index(escalation.step) + 1 if plan and escalation.step in plan else escalation.run.cursor + 1
     return store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
-                                 note=note, result=result, cursor=cursor, now=now or timezone.now())
+                                 note=note, result=result, cursor=cursor)
 
 
 def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: Any = None) -> Intervention:
@@ -274,23 +298,30 @@ def cancel_run(run_id: str, *, by: Any, note: str) -> Intervention:
         allowed_from=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION,
                       RunStatus.FAILED),
         new_status=RunStatus.CANCELLED, decided_by=decided_by, user_id=user_id, note=_required_note(note),
-        now=timezone.now(),
     )
 
 
 def retry_run(run_id: str, *, by: Any, note: str) -> Intervention:
-    """Give a failed run's failed step a fresh set of attempts; the next resume_runs makes a new attempt."""
+    """Give the step a failed run stopped at (failed, or still in doubt) a fresh count of attempts and crashes;
+    the next resume_runs works it. A run stopped for staff after its crash budget is retried the same way; one
+    waiting on an open escalation is decided instead."""
     decided_by, user_id = _who(by)
     run = get_run(run_id)
-    if run.status != RunStatus.FAILED:
-        raise RunNotActionable(f"only a failed run can be retried; this one is {run.status}", run_id=run_id)
+    retryable = (RunStatus.FAILED, RunStatus.NEEDS_DECISION)
+    if run.status not in retryable:
+        raise RunNotActionable(f"only a failed or stopped run can be retried; this one is {run.status}",
+                               run_id=run_id, status=run.status)
+    if run.status == RunStatus.NEEDS_DECISION and Escalation.objects.filter(
+            run_id=run_id, decision__isnull=True).exists():
+        raise RunNotActionable("this run waits for a decision on its escalation: decide it instead of retrying",
+                               run_id=run_id, status=run.status)
     b = boundary_of(run)
-    step = b.failed[0] if b.failed else ""
+    stopped_at = [s for s in b.remainder if s in b.failed or s in b.in_doubt]
+    step = stopped_at[0] if stopped_at else ""
     attempt = b.latest[step].attempt if step else None
     return store.record_staff_action(
-        run_id, action=Intervention.Action.RETRY, allowed_from=(RunStatus.FAILED,), new_status=RunStatus.PENDING,
+        run_id, action=Intervention.Action.RETRY, allowed_from=retryable, new_status=RunStatus.PENDING,
         decided_by=decided_by, user_id=user_id, note=_required_note(note), step=step, attempt=attempt,
-        now=timezone.now(),
     )
 
 

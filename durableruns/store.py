@@ -21,6 +21,7 @@ from django.db.models import F
 
 from durableruns import pgsql
 from durableruns.boundary import StepAttempt
+from durableruns.clock import Clock
 from durableruns.errors import (
     AlreadyDecided,
     DuplicateRun,
@@ -50,8 +51,13 @@ class Lease:
     epoch: int
     seconds: float
 
-    def expiry(self, now: datetime) -> datetime:
-        return now + timedelta(seconds=self.seconds)
+    @property
+    def duration(self) -> timedelta:
+        return timedelta(seconds=self.seconds)
+
+
+# Outside tests the database's clock as it is; every time a function here records or compares is taken from it.
+DATABASE = Clock()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +105,21 @@ def ensure_json(value: Any, *, what: str) -> Any:
     return value
 
 
+# Past this, an error text or a reason is cut (with a marker): a traceback's repr of a huge value must not bloat
+# the record or the admin page.
+TEXT_LIMIT = 10_000
+
+
+def storable(text: str, *, limit: int = TEXT_LIMIT) -> str:
+    """`text` as PostgreSQL can store it: NUL characters (which no text column holds) and lone surrogates (which
+    are not UTF-8) replaced, and cut to `limit` characters with a marker saying how much was cut."""
+    text = text.replace("\x00", "\\0")
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) > limit:
+        text = f"{text[:limit]}... [cut: {len(text) - limit} more characters]"
+    return text
+
+
 def _fast() -> bool:
     """Use the one-statement PostgreSQL path; a statement outside any transaction is its own commit."""
     db = connections[DEFAULT_DB_ALIAS]  # one lookup of this thread's connection, not one per attribute
@@ -109,22 +130,27 @@ def _fast() -> bool:
     return True
 
 
-def _fence(lease: Lease, now: datetime, **fields: Any) -> None:
+def _times(lease: Lease, clock: Clock) -> dict[str, timedelta]:
+    """What the hot path's statements add to the database's now(): the clock's shift and the lease."""
+    return {"shift": clock.shift, "lease": lease.duration}
+
+
+def _fence(lease: Lease, clock: Clock, **fields: Any) -> None:
     moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
-        updated_at=now, lease_expires_at=lease.expiry(now), **fields
+        updated_at=clock.expression(), lease_expires_at=clock.expression(lease.duration), **fields
     )
     if not moved:
         raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
 
 
-def _insert_intent(lease: Lease, intent: Intent, now: datetime) -> None:
+def _insert_intent(lease: Lease, intent: Intent, clock: Clock) -> None:
     RunStep.objects.create(
         run_id=lease.run_id,
         step=intent.step,
         attempt=intent.attempt,
         status=StepStatus.STARTED,
         effect_key=intent.effect_key,
-        started_at=now,
+        started_at=clock.expression(),
         owner=lease.owner,
         epoch=lease.epoch,
         loop_cursor=intent.loop_cursor,
@@ -156,6 +182,7 @@ def _attempt(row: dict[str, Any]) -> StepAttempt:
     for when in ("started_at", "finished_at"):
         if row[when] is not None:
             row[when] = datetime.fromisoformat(row[when])
+    row["renewed_at"] = datetime.fromisoformat(row["renewed_at"]) if row.get("renewed_at") else None
     row["progress"] = row["progress"] or {}
     return StepAttempt(**row)
 
@@ -175,29 +202,30 @@ def _intent_params(intent: Intent) -> dict[str, Any]:
             "i_loop": intent.loop_cursor, "i_progress": progress}
 
 
-def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any], now: datetime) -> None:
-    """Record a pending run; a worker picks it up.
+def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any],
+               clock: Clock = DATABASE) -> None:
+    """Record a pending run, created at the database's now; a worker picks it up.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
     caller's own records do.
     """
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
-              "status": RunStatus.PENDING, "created_at": now, "updated_at": now}
+              "status": RunStatus.PENDING, "created_at": clock.expression(), "updated_at": clock.expression()}
     try:
         if connection.in_atomic_block:
             with transaction.atomic():
                 RunState.objects.create(**fields)
         elif _fast():
             pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
-                             input=to_json(input, what="the input"), now=now)
+                             input=to_json(input, what="the input"))
         else:
             RunState.objects.create(**fields)
     except IntegrityError:
         raise DuplicateRun(run_id=run_id) from None
 
 
-def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None = None,
+def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: str | None = None,
           first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None
           ) -> Claimed | None:
     """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch.
@@ -208,7 +236,7 @@ def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None
     (fault injection). A claim of a named `run_id`, or on another database, records no intent.
     """
     if run_id is None and _fast():
-        taken = pgsql.claim(owner=owner, now=now, expiry=now + timedelta(seconds=lease_seconds),
+        taken = pgsql.claim(owner=owner, times={"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)},
                             first_steps=_first_steps_json(first_steps), before_commit=before_first_intent)
         if taken is None:
             return None
@@ -220,9 +248,10 @@ def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None
                        attempts=[_attempt(a) for a in _decoded(attempts)], first_intent=first)
     with transaction.atomic(durable=True):
         if run_id is None:
-            candidates = RunState.objects.claimable(now)
+            candidates = RunState.objects.claimable(clock.expression())
         else:
-            candidates = RunState.objects.filter(pk=run_id).takeable(now).select_for_update(skip_locked=True)
+            candidates = (RunState.objects.filter(pk=run_id).takeable(clock.expression())
+                          .select_for_update(skip_locked=True))
         row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input").first()
         if row is None:
             return None
@@ -232,9 +261,9 @@ def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None
             status=RunStatus.RUNNING,
             owner=owner,
             epoch=F("epoch") + 1,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            lease_expires_at=clock.expression(timedelta(seconds=lease_seconds)),
             wake_at=None,
-            updated_at=now,
+            updated_at=clock.expression(),
         )
         if not moved:
             return None
@@ -246,30 +275,36 @@ def claim(*, owner: str, lease_seconds: float, now: datetime, run_id: str | None
     )
 
 
-def renew(lease: Lease, *, now: datetime) -> None:
-    """Extend the lease; FencedOut if another worker took the run.
+def renew(lease: Lease, *, clock: Clock = DATABASE) -> None:
+    """Extend the lease from the database's now, and record that the attempt in hand was alive then (the last
+    moment its process could still have made its call); FencedOut if another worker took the run.
 
-    A single statement in autocommit, never an open transaction: a worker paused between BEGIN and COMMIT
-    would hold the run's row lock, and nobody could take the run over.
+    On PostgreSQL a single statement in autocommit, never an open transaction: a worker paused between BEGIN and
+    COMMIT would hold the run's row lock, and nobody could take the run over.
     """
-    if connection.in_atomic_block:
-        raise RuntimeError("renew the lease outside atomic()")
-    renewed = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch, status=RunStatus.RUNNING).update(
-        updated_at=now, lease_expires_at=lease.expiry(now))
+    if _fast():
+        renewed = pgsql.renew(run=lease.run_id, epoch=lease.epoch, times=_times(lease, clock))
+    else:
+        with transaction.atomic(durable=True):
+            renewed = bool(RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch, status=RunStatus.RUNNING)
+                           .update(updated_at=clock.expression(), lease_expires_at=clock.expression(lease.duration)))
+            if renewed:
+                RunStep.objects.filter(run_id=lease.run_id, epoch=lease.epoch, status=StepStatus.STARTED).update(
+                    renewed_at=clock.expression())
     if not renewed:
         raise FencedOut("the run was released or taken over", run_id=lease.run_id, epoch=lease.epoch)
 
 
-def record_intent(lease: Lease, intent: Intent, *, now: datetime) -> None:
+def record_intent(lease: Lease, intent: Intent, *, clock: Clock = DATABASE) -> None:
     """Commit 1: the step is about to act under its effect key, and the run is at this step."""
     if _fast():
-        if not pgsql.record_intent(run=lease.run_id, epoch=lease.epoch, owner=lease.owner, now=now,
-                                   expiry=lease.expiry(now), cursor=intent.cursor, **_intent_params(intent)):
+        if not pgsql.record_intent(run=lease.run_id, epoch=lease.epoch, owner=lease.owner,
+                                   times=_times(lease, clock), cursor=intent.cursor, **_intent_params(intent)):
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         return
     with transaction.atomic(durable=True):
-        _fence(lease, now, cursor=intent.cursor)
-        _insert_intent(lease, intent, now)
+        _fence(lease, clock, cursor=intent.cursor)
+        _insert_intent(lease, intent, clock)
 
 
 def record_result(
@@ -279,7 +314,7 @@ def record_result(
     attempt: int,
     result: Any,
     cursor: int,
-    now: datetime,
+    clock: Clock = DATABASE,
     resolution: str = Resolution.RETURNED,
     intent_recorded: bool = True,
     effect_key: str = "",
@@ -295,7 +330,7 @@ def record_result(
     encoded = to_json(result, what=f"the result of {step}") if encoded is None else encoded
     if intent_recorded and _fast():
         recorded = pgsql.record_result(
-            run=lease.run_id, epoch=lease.epoch, owner=lease.owner, now=now, expiry=lease.expiry(now),
+            run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
             cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
             resolution=resolution, finish=finish and next_intent is None,
             intent=_intent_params(next_intent) if next_intent else None,
@@ -305,7 +340,8 @@ def record_result(
                             run_id=lease.run_id, epoch=lease.epoch)
         return
     with transaction.atomic(durable=True):
-        fields: dict[str, Any] = {"updated_at": now, "lease_expires_at": lease.expiry(now),
+        fields: dict[str, Any] = {"updated_at": clock.expression(),
+                                  "lease_expires_at": clock.expression(lease.duration),
                                   "cursor": next_intent.cursor if next_intent else cursor}
         if finish and next_intent is None:
             fields.update(status=RunStatus.COMPLETED, lease_expires_at=None, wake_at=None, reason="")
@@ -313,69 +349,75 @@ def record_result(
         if not moved:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         if intent_recorded:
-            _finish(lease, step, attempt, status=StepStatus.COMPLETED, result=result, finished_at=now,
-                    resolution=resolution)
+            _finish(lease, step, attempt, status=StepStatus.COMPLETED, result=result,
+                    finished_at=clock.expression(), resolution=resolution)
         else:
             RunStep.objects.create(
                 run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.COMPLETED,
-                effect_key=effect_key, started_at=now, finished_at=now, result=result,
-                resolution=resolution, owner=lease.owner, epoch=lease.epoch,
+                effect_key=effect_key, started_at=clock.expression(), finished_at=clock.expression(),
+                result=result, resolution=resolution, owner=lease.owner, epoch=lease.epoch,
             )
         if next_intent is not None:
-            _insert_intent(lease, next_intent, now)
+            _insert_intent(lease, next_intent, clock)
 
 
-def record_failure(lease: Lease, *, step: str, attempt: int, error: str, now: datetime,
+def record_failure(lease: Lease, *, step: str, attempt: int, error: str, clock: Clock = DATABASE,
                    intent_recorded: bool = True, effect_key: str = "") -> None:
     """The far system rejected the call (observed): the attempt is failed, never rewritten."""
+    error = storable(error)
     with transaction.atomic(durable=True):
-        _fence(lease, now)
+        _fence(lease, clock)
         if intent_recorded:
-            _finish(lease, step, attempt, status=StepStatus.FAILED, error=error, finished_at=now)
+            _finish(lease, step, attempt, status=StepStatus.FAILED, error=error, finished_at=clock.expression())
         else:
             RunStep.objects.create(
                 run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.FAILED,
-                effect_key=effect_key, started_at=now, finished_at=now, error=error,
+                effect_key=effect_key, started_at=clock.expression(), finished_at=clock.expression(), error=error,
                 owner=lease.owner, epoch=lease.epoch,
             )
 
 
 def checkpoint(lease: Lease, *, step: str, attempt: int, loop_cursor: int, progress: dict[str, Any],
-               now: datetime) -> None:
-    """Commit a loop's position and progress inside the started attempt."""
+               clock: Clock = DATABASE) -> None:
+    """Commit a loop's position and progress inside the started attempt (which was alive then, too)."""
     encoded = to_json(progress, what=f"the progress of {step}")
     if _fast():
-        if not pgsql.checkpoint(run=lease.run_id, epoch=lease.epoch, now=now, expiry=lease.expiry(now), step=step,
+        if not pgsql.checkpoint(run=lease.run_id, epoch=lease.epoch, times=_times(lease, clock), step=step,
                                 attempt=attempt, loop=loop_cursor, progress=encoded):
             raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
                             run_id=lease.run_id, epoch=lease.epoch)
         return
     with transaction.atomic(durable=True):
-        _fence(lease, now)
+        _fence(lease, clock)
         moved = RunStep.objects.filter(
             run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED
-        ).update(loop_cursor=loop_cursor, progress=progress)
+        ).update(loop_cursor=loop_cursor, progress=progress, renewed_at=clock.expression())
         if not moved:
             raise FencedOut(f"attempt {attempt} of {step} is no longer started", run_id=lease.run_id,
                             epoch=lease.epoch)
 
 
-def release(lease: Lease, *, status: str, now: datetime, wake_at: datetime | None = None, reason: str = "") -> None:
-    """Hand the run back: waiting until `wake_at`, or stopped (completed, failed, cancelled, needs_decision)."""
+def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: datetime | None = None,
+            reason: str = "") -> None:
+    """Hand the run back: waiting until `wake_at` (a time of the database's clock), or stopped (completed,
+    failed, cancelled, needs_decision)."""
     with transaction.atomic(durable=True):
         moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
-            status=status, wake_at=wake_at, reason=reason, lease_expires_at=None, updated_at=now
+            status=status, wake_at=wake_at, reason=storable(reason), lease_expires_at=None,
+            updated_at=clock.expression()
         )
         if not moved:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
 
 
-def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime,
-                    reason: str, now: datetime) -> None:
+def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime | None,
+                    reason: str, clock: Clock = DATABASE) -> None:
     """Stop the run for a person: the escalation and the run's needs_decision status in one commit."""
+    reason = storable(reason)
     with transaction.atomic(durable=True):
         moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
-            status=RunStatus.NEEDS_DECISION, reason=reason, wake_at=None, lease_expires_at=None, updated_at=now
+            status=RunStatus.NEEDS_DECISION, reason=reason, wake_at=None, lease_expires_at=None,
+            updated_at=clock.expression()
         )
         if not moved:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
@@ -383,8 +425,8 @@ def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, i
             run_id=lease.run_id,
             step=step,
             attempt=attempt,
-            defaults={"effect_key": effect_key, "in_doubt_since": in_doubt_since, "opened_at": now,
-                      "reason": reason},
+            defaults={"effect_key": effect_key, "in_doubt_since": in_doubt_since or clock.expression(),
+                      "opened_at": clock.expression(), "reason": reason},
         )
 
 
@@ -397,7 +439,7 @@ def record_decision(
     note: str,
     result: Any,
     cursor: int | None,
-    now: datetime,
+    clock: Clock = DATABASE,
 ) -> Intervention:
     """Apply a staff decision once: the decision row, its effect on the attempt, and a resumable run, in one commit.
 
@@ -405,6 +447,7 @@ def record_decision(
     """
     try:
         with transaction.atomic(durable=True):
+            now = clock.now()  # the database's, read once: the decision and what it changes carry one time
             escalation = Escalation.objects.select_for_update().get(pk=escalation_id)
             status = RunState.objects.filter(pk=escalation.run_id).values_list("status", flat=True).get()
             if status != RunStatus.NEEDS_DECISION and not Intervention.objects.filter(
@@ -454,7 +497,7 @@ def record_staff_action(
     note: str,
     step: str = "",
     attempt: int | None = None,
-    now: datetime,
+    clock: Clock = DATABASE,
 ) -> Intervention:
     """Cancel or retry a run: the staff act and the status change in one commit; the epoch bump fences its worker.
 
@@ -462,6 +505,7 @@ def record_staff_action(
     nobody will resume. Locks are taken escalation first, then run, the order record_decision uses.
     """
     with transaction.atomic(durable=True):
+        now = clock.now()
         pending = None
         if action == Intervention.Action.CANCEL:
             pending = (Escalation.objects.select_for_update(of=("self",))

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 import durableruns
 from durableruns import services, store
+from durableruns.clock import Clock
 from durableruns.engine import ensure_autocommit
 from durableruns.errors import (
     AlreadyDecided,
@@ -30,8 +31,9 @@ from tests.factories import complete, crash_after_intent, make_run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def later(seconds: float):
-    return lambda: timezone.now() + timedelta(seconds=seconds)
+def later(seconds: float) -> Clock:
+    """The database's clock, `seconds` ahead: every statement and comparison of the pass moves together."""
+    return Clock(shift=timedelta(seconds=seconds))
 
 
 def attempts(run_id: str, step: str) -> list[tuple[int, str]]:
@@ -307,19 +309,20 @@ def test_no_effect_inside_a_transaction():
 
 def test_a_stale_epoch_writes_nothing():
     run_id = make_run()
-    now = timezone.now()
-    old = store.claim(owner="a", lease_seconds=1, now=now).lease
-    store.record_intent(old, Intent(step="first", attempt=1, effect_key="k", cursor=0), now=now)
-    new = store.claim(owner="b", lease_seconds=30, now=now + timedelta(seconds=2))
+    old = store.claim(owner="a", lease_seconds=1).lease
+    store.record_intent(old, Intent(step="first", attempt=1, effect_key="k", cursor=0))
+    new = store.claim(owner="b", lease_seconds=30, clock=later(2))
     assert new is not None and new.lease.epoch == old.epoch + 1
     with pytest.raises(FencedOut):
-        store.record_result(old, step="first", attempt=1, result={}, cursor=1, now=now)
+        store.record_result(old, step="first", attempt=1, result={}, cursor=1)
     with pytest.raises(FencedOut):
-        store.checkpoint(old, step="first", attempt=1, loop_cursor=5, progress={}, now=now)
+        store.checkpoint(old, step="first", attempt=1, loop_cursor=5, progress={})
     with pytest.raises(FencedOut):
-        store.record_intent(old, Intent(step="second", attempt=1, effect_key="k2", cursor=1), now=now)
+        store.record_intent(old, Intent(step="second", attempt=1, effect_key="k2", cursor=1))
     with pytest.raises(FencedOut):
-        store.release(old, status=RunStatus.COMPLETED, now=now)
+        store.renew(old)
+    with pytest.raises(FencedOut):
+        store.release(old, status=RunStatus.COMPLETED)
     assert attempts(run_id, "first") == [(1, "started")] and attempts(run_id, "second") == []
     run = RunState.objects.get(pk=run_id)
     assert (run.owner, run.cursor, run.status) == ("b", 0, RunStatus.RUNNING)
@@ -335,19 +338,19 @@ def test_the_claim_takes_the_oldest_due_run_and_never_one_that_is_not_due():
     RunState.objects.filter(pk="r2").update(status=RunStatus.NEEDS_DECISION)
     RunState.objects.filter(pk="r3").update(status=RunStatus.WAITING, wake_at=now - timedelta(seconds=1))
     RunState.objects.filter(pk="r4").update(status=RunStatus.RUNNING, lease_expires_at=now - timedelta(seconds=1))
-    taken = [store.claim(owner="w", lease_seconds=30, now=now) for _ in range(4)]
+    taken = [store.claim(owner="w", lease_seconds=30) for _ in range(4)]
     assert [c.lease.run_id if c else None for c in taken] == ["r3", "r4", "r5", None]
 
 
 def test_a_live_lease_is_not_taken_and_cancel_fences_the_holder():
     run_id = make_run()
     now = timezone.now()
-    held = store.claim(owner="a", lease_seconds=30, now=now).lease
-    assert store.claim(owner="b", lease_seconds=30, now=now) is None
-    assert store.claim(owner="b", lease_seconds=30, now=now, run_id=run_id) is None
+    held = store.claim(owner="a", lease_seconds=30).lease
+    assert store.claim(owner="b", lease_seconds=30) is None
+    assert store.claim(owner="b", lease_seconds=30, run_id=run_id) is None
     services.cancel_run(run_id, by="ops", note="customer withdrew")
     with pytest.raises(FencedOut):
-        store.record_intent(held, Intent(step="first", attempt=1, effect_key="k", cursor=0), now=now)
+        store.record_intent(held, Intent(step="first", attempt=1, effect_key="k", cursor=0))
     assert status(run_id) == RunStatus.CANCELLED
     assert Intervention.objects.get(run_id=run_id).action == "cancel"
 
@@ -359,7 +362,7 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_step():
     @wf.step(policy="re_executable")
     def slow(ctx):
         time.sleep(1.2)  # three times the lease
-        stolen.append(store.claim(owner="thief", lease_seconds=30, now=timezone.now(), run_id=ctx.run_id))
+        stolen.append(store.claim(owner="thief", lease_seconds=30, run_id=ctx.run_id))
         return {}
 
     run_id = make_run("long_step")
@@ -372,12 +375,12 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_step():
 def test_a_result_for_an_attempt_no_longer_started_writes_nothing_at_all():
     run_id = make_run()
     now = timezone.now()
-    lease = store.claim(owner="a", lease_seconds=30, now=now).lease
-    store.record_intent(lease, Intent(step="first", attempt=1, effect_key="k", cursor=0), now=now)
-    store.record_result(lease, step="first", attempt=1, result={"n": 1}, cursor=1, now=now)
+    lease = store.claim(owner="a", lease_seconds=30).lease
+    store.record_intent(lease, Intent(step="first", attempt=1, effect_key="k", cursor=0))
+    store.record_result(lease, step="first", attempt=1, result={"n": 1}, cursor=1)
     # Replaying the same result with the next intent riding on it: the attempt is completed already.
     with pytest.raises(FencedOut):
-        store.record_result(lease, step="first", attempt=1, result={"n": 2}, cursor=1, now=now,
+        store.record_result(lease, step="first", attempt=1, result={"n": 2}, cursor=1,
                             next_intent=Intent(step="second", attempt=1, effect_key="k2", cursor=1))
     assert attempts(run_id, "second") == []  # the intent in the same statement was not written either
     assert RunStep.objects.get(run_id=run_id, step="first").result == {"n": 1}

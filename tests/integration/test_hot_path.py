@@ -94,10 +94,9 @@ RUNS_SQL = ("INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, 
 
 def claim_plan(*, planning: str) -> str:
     """EXPLAIN of the engine's claim, sent with `planning` in front as the engine sends its own."""
-    now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(planning + "EXPLAIN " + pgsql._CLAIM,
-                       {"owner": "w", "now": now, "expiry": now, "first_steps": "[]"})
+                       {"owner": "w", "shift": timedelta(0), "lease": timedelta(seconds=30), "first_steps": "[]"})
         if planning:
             cursor.nextset()
         return "\n".join(line for (line,) in cursor.fetchall())
@@ -113,7 +112,7 @@ def test_a_backlog_is_claimed_by_walking_the_index_whatever_the_statistics_say()
     assert "Sort" in claim_plan(planning="")  # what the statistics alone would have PostgreSQL do, at each claim
     plan = claim_plan(planning=pgsql._CLAIM_PLANNING)
     assert "Index Scan using run_state_active_idx" in plan and "Sort" not in plan, plan
-    claimed = [store.claim(owner="w", lease_seconds=30, now=timezone.now()) for _ in range(8)]
+    claimed = [store.claim(owner="w", lease_seconds=30) for _ in range(8)]
     assert [c.lease.run_id if c else None for c in claimed] == [f"backlog-{n}" for n in range(1, 9)]
     # The claim is prepared: the plan PostgreSQL caches for it was made under the setting too.
     with connection.cursor() as cursor:
@@ -136,11 +135,11 @@ def test_a_claim_that_fails_leaves_the_connection_out_of_its_transaction():
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '100ms'")
         with pytest.raises(OperationalError, match="lock timeout"):
-            store.claim(owner="w", lease_seconds=30, now=timezone.now())
+            store.claim(owner="w", lease_seconds=30)
         assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with connection.cursor() as cursor:
         cursor.execute("RESET lock_timeout")
-    claimed = store.claim(owner="w", lease_seconds=30, now=timezone.now())
+    claimed = store.claim(owner="w", lease_seconds=30)
     assert claimed is not None and claimed.lease.run_id == run_id and claimed.lease.epoch == 1
 
 
@@ -181,8 +180,7 @@ def test_the_deployments_own_prepare_threshold_and_plan_cache_mode_are_left_alon
 
 
 def claim_fresh(**kwargs) -> store.Claimed | None:
-    return store.claim(owner="w", lease_seconds=30, now=kwargs.pop("now", timezone.now()),
-                       first_steps=first_steps(), **kwargs)
+    return store.claim(owner="w", lease_seconds=30, first_steps=first_steps(), **kwargs)
 
 
 def rows(run_id: str) -> list[tuple[str, int, str, str, str, int]]:
@@ -192,12 +190,12 @@ def rows(run_id: str) -> list[tuple[str, int, str, str, str, int]]:
 
 def test_a_fresh_run_has_its_first_intent_recorded_in_the_claims_commit():
     run_id = durableruns.start("scripted", {})
-    now = timezone.now()
-    claimed = claim_fresh(now=now)
+    claimed = claim_fresh()
     assert claimed is not None and claimed.attempts == []  # the boundary sees the run as it was: fresh
     assert claimed.first_intent == Intent(step="first", attempt=1, effect_key=effect_key(run_id, "first"), cursor=0)
     assert rows(run_id) == [("first", 1, "started", effect_key(run_id, "first"), "w", claimed.lease.epoch)]
-    assert RunStep.objects.get(run_id=run_id).started_at == now
+    # Its start is the claim's own time, on the database's clock (the claim's statement wrote both).
+    assert RunStep.objects.get(run_id=run_id).started_at == RunState.objects.get(pk=run_id).updated_at
     # The engine takes it from there: no second intent, one attempt per step.
     outcome = Engine().work(claimed)
     assert outcome.status == RunStatus.COMPLETED and outcome.steps_run == 3
@@ -213,7 +211,7 @@ def test_no_first_intent_rides_on_the_claim_of_a_run_that_is_not_fresh_or_not_th
     replanned = durableruns.start("scripted", {})
     RunState.objects.filter(pk=replanned).update(plan_fingerprint="0" * 16)
     unlisted = durableruns.start("scripted", {})
-    claimed = [claim_fresh() for _ in range(3)] + [store.claim(owner="w", lease_seconds=30, now=timezone.now())]
+    claimed = [claim_fresh() for _ in range(3)] + [store.claim(owner="w", lease_seconds=30)]
     assert [c.lease.run_id for c in claimed] == [in_doubt, retired, replanned, unlisted]
     assert [c.first_intent for c in claimed] == [None] * 4
     assert rows(in_doubt) == [("first", 1, "started", effect_key(in_doubt, "first"), "dead-worker", 1)]

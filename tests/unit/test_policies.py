@@ -15,7 +15,9 @@ from durableruns.policies import (
     after_failure,
     after_lookup,
     after_lookup_error,
+    absence_provable_at,
     cap_attempts,
+    cap_crashes,
     settle_in_doubt,
 )
 
@@ -89,7 +91,27 @@ def test_backoff_is_capped_and_zero_backoff_runs_at_once():
 
 def test_cap_turns_only_runs_into_failures():
     run = Next(action=Action.RUN)
-    assert cap_attempts(run, attempts_made=3, max_attempts=3).action is Action.FAIL
-    assert cap_attempts(run, attempts_made=2, max_attempts=3).action is Action.RUN
+    assert cap_attempts(run, failures=3, max_attempts=3).action is Action.FAIL
+    assert cap_attempts(run, failures=2, max_attempts=3).action is Action.RUN
     wait = Next(action=Action.WAIT, until=T0)
-    assert cap_attempts(wait, attempts_made=9, max_attempts=3) is wait
+    assert cap_attempts(wait, failures=9, max_attempts=3) is wait
+
+
+def test_crashes_never_fail_a_run_they_stop_it_for_staff_once_the_budget_is_used():
+    run = Next(action=Action.RUN)
+    assert cap_crashes(run, step="quote", crashes=99, max_crashes=100) is run
+    stopped = cap_crashes(run, step="quote", crashes=100, max_crashes=100)
+    assert stopped.action is Action.STOP and "quote" in stopped.reason and "100" in stopped.reason
+    wait = Next(action=Action.WAIT, until=T0)
+    assert cap_crashes(wait, step="quote", crashes=500, max_crashes=100) is wait
+
+
+def test_absence_is_provable_from_the_last_renewal_not_the_start():
+    worked_long = StepAttempt(step="charge", attempt=1, status="started", started_at=T0,
+                              renewed_at=T0 + timedelta(seconds=40))
+    assert absence_provable_at(worked_long, timeout=TIMEOUT, lookup_lag=LAG) == T0 + timedelta(seconds=40) + TIMEOUT + LAG
+    never_renewed = StepAttempt(step="charge", attempt=1, status="started", started_at=T0)
+    assert absence_provable_at(never_renewed, timeout=TIMEOUT, lookup_lag=LAG) == T0 + TIMEOUT + LAG
+    verdict = after_lookup(None, attempt=worked_long, now=T0 + TIMEOUT + LAG + timedelta(seconds=1),
+                           timeout=TIMEOUT, lookup_lag=LAG)
+    assert verdict.action is Action.WAIT  # past start + timeout + lag, but not past the renewal + timeout + lag
