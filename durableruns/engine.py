@@ -471,4 +471,4 @@ def step_timeout(step: Step) -> timedelta:
 
 def _describe(exc: BaseException) -> str:
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    return text[:2000]
+    return store.storable(text, limit=2000)
