@@ -114,3 +114,14 @@ def second(ctx: Any) -> Any:
 def third(ctx: Any) -> Any:
     """Nobody can look this up; decide by hand."""
     return _script(ctx)
+
+
+# A step that acts once, then holds the run for several leases: what the heartbeat must keep it through.
+heartbeat_probe = Workflow("heartbeat_probe")
+
+
+@heartbeat_probe.step(policy="re_executable")
+def hold(ctx: Any) -> dict[str, Any]:
+    systems().email.send(to="ops@test", subject=f"{ctx.run_id}:hold", body=f"attempt {ctx.attempt}")
+    time.sleep(float(os.environ.get("TEST_HOLD_SECONDS", 4)))
+    return {"attempt": ctx.attempt}

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from durableruns import conf, services
+from durableruns.clock import host_skew
 from durableruns.engine import RunOutcome
 
 
@@ -53,6 +54,10 @@ class Command(BaseCommand):
             return
         owner = worker or services.default_owner()
         lease = lease or conf.lease_seconds()
+        try:
+            self._check_skew(lease)
+        except DatabaseError as exc:
+            raise CommandError(f"database error before the first pass: {exc}".strip()) from exc
         stopping = _StopFlag()
         began = time.monotonic()
         crashed = 0
@@ -82,6 +87,17 @@ class Command(BaseCommand):
                 break
         if crashed:
             raise CommandError(f"{crashed} run(s) raised unexpectedly", returncode=3)
+
+    def _check_skew(self, lease: float) -> None:
+        """Warn when this host's clock is far from the database's: durableruns decides by the database's clock
+        alone, so nothing goes wrong, but a host that far off is misconfigured (its logs, its cron)."""
+        skew = host_skew().total_seconds()
+        if abs(skew) > lease / 3:
+            side = "ahead of" if skew > 0 else "behind"
+            self.stderr.write(
+                f"warning: this host's clock is {abs(skew):.1f}s {side} the database's (more than a third of the "
+                f"{lease:g}s lease). durableruns takes every lease and wake time from the database's clock, so "
+                f"runs stay safe, but check this host's time synchronisation (NTP).")
 
     def _line(self, outcome: RunOutcome) -> None:
         self.stdout.write(f"{outcome.run_id}: {outcome.status} - {outcome.detail}")
