@@ -21,6 +21,7 @@ from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -91,7 +92,11 @@ def when(moment: datetime | None) -> str:
 
 
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    """Indented JSON, or a word saying the value nests too deep to show (JSON's encoders recurse per level)."""
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    except RecursionError:
+        return f"(nested too deep to show: {nesting_depth(value)} levels)"
 
 
 def _short_scalar(value: Any) -> bool:
@@ -170,8 +175,54 @@ class NoteForm(forms.Form):
     )
 
 
+# Deeper than this, a decision's result is refused by the form: later steps read results a few levels deep, and
+# the admin must still render what was recorded (Python's JSON parser and indenting encoder recurse per level).
+MAX_RESULT_DEPTH = 64
+
+
+def nesting_depth(value: Any) -> int:
+    """How many arrays and objects deep `value` nests (a scalar is 0), counted without recursion."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            pending.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend((v, depth + 1) for v in item)
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+    return deepest
+
+
 class OptionalJSONField(forms.JSONField):
-    """A JSON textarea that starts empty, not with the text 'null'."""
+    """A JSON textarea that starts empty, not with the text 'null', and refuses JSON nested too deep to record.
+
+    Django's JSONField catches only JSONDecodeError: text nested a few thousand levels makes json.loads raise
+    RecursionError, a 500. Here it is a form error, and the box keeps what was typed.
+    """
+
+    default_error_messages = {
+        "too_deep": f"The result is nested more than {MAX_RESULT_DEPTH} levels deep: nothing was recorded.",
+    }
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            converted = super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep") from None
+        if nesting_depth(converted) > MAX_RESULT_DEPTH:
+            raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep")
+        return converted
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            bound = super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+        if isinstance(data, str) and nesting_depth(bound) > MAX_RESULT_DEPTH:
+            return InvalidJSONInput(data)  # shown again as typed, not re-encoded
+        return bound
 
     def prepare_value(self, value: Any) -> Any:
         return "" if value is None else super().prepare_value(value)

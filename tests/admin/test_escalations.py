@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
-from durableruns import services
+from durableruns import admin, services
 from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep
 from tests.admin.users import OPERATE, logged_in, staff
 from tests.admin.records import escalated, purchase_in_doubt
@@ -148,6 +148,24 @@ def test_a_result_that_is_not_json_is_an_error_and_changes_nothing(as_operator: 
     assert "A result goes only with “it happened”." in wrong.content.decode()
     assert not Intervention.objects.exists() and status("run-a") == RunStatus.NEEDS_DECISION
     assert RunStep.objects.get(run_id="run-a", step="third").status == "started"
+
+
+@pytest.mark.parametrize("result", ["[" * 10_000 + "]" * 10_000,  # json.loads raises RecursionError
+                                    '{"a": ' * 65 + "1" + "}" * 65],  # parses, but too deep to record
+                         ids=["10000 levels", "65 levels"])
+def test_a_result_nested_too_deep_is_a_form_error_and_changes_nothing(as_operator: Client, result: str):
+    escalation = escalated("run-a")
+    response = as_operator.post(page(escalation), {"outcome": "happened", "note": "found it", "result": result})
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "The result is nested more than 64 levels deep: nothing was recorded." in html
+    assert result.replace('"', "&quot;") in html  # what was typed stays in the box, as typed
+    assert not Intervention.objects.exists() and status("run-a") == RunStatus.NEEDS_DECISION
+    nested = '{"a": ' * 64 + "1" + "}" * 64  # as deep as a result may be: recorded, and shown on the page
+    assert as_operator.post(page(escalation), {"outcome": "happened", "note": "found it",
+                                               "result": nested}).status_code == 302
+    assert admin.nesting_depth(Intervention.objects.get().result) == 64
+    assert as_operator.get(page(escalation)).status_code == 200
 
 
 def test_the_second_decision_is_refused_and_names_who_decided_first(as_operator: Client):
