@@ -402,6 +402,8 @@ class RunStateAdmin(ReadOnlyRecord):
             "interventions": list(run.interventions.all()),
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
+            # Staff who may not decide still read an escalation: the link says "read it", not "decide it".
+            "can_decide": request.user.has_perm("durableruns.decide_escalation"),
         }
 
     @staticmethod
@@ -523,7 +525,9 @@ class EscalationAdmin(ReadOnlyRecord):
         return ("opened_at",)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return super().changelist_view(request, {"title": "Escalation queue", **(extra_context or {})})
+        return super().changelist_view(request, {"title": "Escalation queue",
+                                                 "can_decide": self.has_decide_permission(request),
+                                                 **(extra_context or {})})
 
     # -- columns: everything a person needs to decide, without opening anything else
 

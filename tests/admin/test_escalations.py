@@ -3,6 +3,7 @@ that a decision applies once however many people press a button."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
@@ -87,6 +88,34 @@ def test_staff_without_the_permission_can_look_but_not_decide(far, as_viewer: Cl
     refused = as_viewer.post(page(escalation), {"outcome": "happened", "note": "I checked"})
     assert refused.status_code == 403
     assert not Intervention.objects.exists() and status(escalation.run_id) == RunStatus.NEEDS_DECISION
+
+
+def offers_to_decide(html: str) -> list[str]:
+    """Every link or button on the page that offers to decide, by its text (and any decision form's field)."""
+    offers = re.findall(r"<(?:a|button)\b[^>]*>((?:(?!</(?:a|button)>).)*)</(?:a|button)>", html, re.S)
+    found = [text for text in offers if re.search(r"\bdecide\b|it happened|did not happen|abandon the run", text, re.I)]
+    return found + re.findall(r'name="outcome"', html)
+
+
+def test_staff_without_the_permission_are_offered_to_decide_nowhere_and_read_everything(far, as_viewer: Client,
+                                                                                        as_operator: Client):
+    run_id = purchase_in_doubt()
+    escalation = Escalation.objects.get(run_id=run_id)
+    pages = {"queue": QUEUE, "escalation": page(escalation), "run": f"/admin/durableruns/runstate/{run_id}/change/",
+             "runs": "/admin/durableruns/runstate/"}
+    for name, url in pages.items():
+        response = as_viewer.get(url)
+        assert response.status_code == 200, name
+        html = response.content.decode()
+        assert offers_to_decide(html) == [], name
+        if name != "escalation":
+            assert f'href="{page(escalation)}"' in html or name == "runs", name  # the escalation stays one click away
+    run_page = as_viewer.get(pages["run"]).content.decode()
+    assert f"read it (escalation #{escalation.pk})" in run_page
+    assert "deciding needs the permission" in as_viewer.get(QUEUE).content.decode()
+    # Whoever may decide is offered to, on the run page and on the escalation's.
+    assert f"decide it (escalation #{escalation.pk})" in offers_to_decide(as_operator.get(pages["run"]).content.decode())
+    assert 'name="outcome"' in offers_to_decide(as_operator.get(page(escalation)).content.decode())
 
 
 def test_staff_with_the_permission_see_three_decisions_and_a_required_note(as_operator: Client):
