@@ -20,6 +20,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -340,6 +341,9 @@ class RunStateAdmin(ReadOnlyRecord):
             found = found | cast(RunStateQuerySet, queryset).having_effect_key(term)
         return found, may_have_duplicates
 
+    # The staff actions (cancel, retry) post here: each service call records its fact in its own durable
+    # transaction, which cannot nest inside the request's own under ATOMIC_REQUESTS.
+    @transaction.non_atomic_requests
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"title": "Runs", **(extra_context or {})})
 
@@ -575,6 +579,7 @@ class EscalationAdmin(ReadOnlyRecord):
 
     # -- the escalation page: read everything, decide once
 
+    @transaction.non_atomic_requests  # a decision is its own durable transaction (see changelist_view of runs)
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Show the escalation; on POST (decide permission only) record one decision through the service."""
