@@ -89,7 +89,11 @@ def attempt_badge(status: str) -> SafeString:
 
 
 def when(moment: datetime | None) -> str:
-    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else "—"
+    """The moment in the site's time zone; a naive one (USE_TZ = False, refused by durableruns.E003 but a
+    back office must stay readable) is the site's local time already."""
+    if moment is None:
+        return "—"
+    return (timezone.localtime(moment) if timezone.is_aware(moment) else moment).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def pretty_json(value: Any) -> str:

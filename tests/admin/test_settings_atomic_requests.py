@@ -18,7 +18,7 @@ from durableruns import services
 from durableruns.models import Intervention, RunState, RunStatus
 from tests.admin.records import escalated, failed
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 QUEUE = "/admin/durableruns/escalation/"
 RUNS = "/admin/durableruns/runstate/"
