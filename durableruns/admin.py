@@ -20,7 +20,9 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -87,11 +89,19 @@ def attempt_badge(status: str) -> SafeString:
 
 
 def when(moment: datetime | None) -> str:
-    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else "—"
+    """The moment in the site's time zone; a naive one (USE_TZ = False, refused by durableruns.E003 but a
+    back office must stay readable) is the site's local time already."""
+    if moment is None:
+        return "—"
+    return (timezone.localtime(moment) if timezone.is_aware(moment) else moment).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    """Indented JSON, or a word saying the value nests too deep to show (JSON's encoders recurse per level)."""
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    except RecursionError:
+        return f"(nested too deep to show: {nesting_depth(value)} levels)"
 
 
 def _short_scalar(value: Any) -> bool:
@@ -170,8 +180,54 @@ class NoteForm(forms.Form):
     )
 
 
+# Deeper than this, a decision's result is refused by the form: later steps read results a few levels deep, and
+# the admin must still render what was recorded (Python's JSON parser and indenting encoder recurse per level).
+MAX_RESULT_DEPTH = 64
+
+
+def nesting_depth(value: Any) -> int:
+    """How many arrays and objects deep `value` nests (a scalar is 0), counted without recursion."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            pending.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend((v, depth + 1) for v in item)
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+    return deepest
+
+
 class OptionalJSONField(forms.JSONField):
-    """A JSON textarea that starts empty, not with the text 'null'."""
+    """A JSON textarea that starts empty, not with the text 'null', and refuses JSON nested too deep to record.
+
+    Django's JSONField catches only JSONDecodeError: text nested a few thousand levels makes json.loads raise
+    RecursionError, a 500. Here it is a form error, and the box keeps what was typed.
+    """
+
+    default_error_messages = {
+        "too_deep": f"The result is nested more than {MAX_RESULT_DEPTH} levels deep: nothing was recorded.",
+    }
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            converted = super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep") from None
+        if nesting_depth(converted) > MAX_RESULT_DEPTH:
+            raise forms.ValidationError(self.error_messages["too_deep"], code="too_deep")
+        return converted
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            bound = super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+        if isinstance(data, str) and nesting_depth(bound) > MAX_RESULT_DEPTH:
+            return InvalidJSONInput(data)  # shown again as typed, not re-encoded
+        return bound
 
     def prepare_value(self, value: Any) -> Any:
         return "" if value is None else super().prepare_value(value)
@@ -289,6 +345,9 @@ class RunStateAdmin(ReadOnlyRecord):
             found = found | cast(RunStateQuerySet, queryset).having_effect_key(term)
         return found, may_have_duplicates
 
+    # The staff actions (cancel, retry) post here: each service call records its fact in its own durable
+    # transaction, which cannot nest inside the request's own under ATOMIC_REQUESTS.
+    @transaction.non_atomic_requests
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"title": "Runs", **(extra_context or {})})
 
@@ -351,6 +410,8 @@ class RunStateAdmin(ReadOnlyRecord):
             "interventions": list(run.interventions.all()),
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
+            # Staff who may not decide still read an escalation: the link says "read it", not "decide it".
+            "can_decide": request.user.has_perm("durableruns.decide_escalation"),
         }
 
     @staticmethod
@@ -472,7 +533,9 @@ class EscalationAdmin(ReadOnlyRecord):
         return ("opened_at",)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return super().changelist_view(request, {"title": "Escalation queue", **(extra_context or {})})
+        return super().changelist_view(request, {"title": "Escalation queue",
+                                                 "can_decide": self.has_decide_permission(request),
+                                                 **(extra_context or {})})
 
     # -- columns: everything a person needs to decide, without opening anything else
 
@@ -520,6 +583,7 @@ class EscalationAdmin(ReadOnlyRecord):
 
     # -- the escalation page: read everything, decide once
 
+    @transaction.non_atomic_requests  # a decision is its own durable transaction (see changelist_view of runs)
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Show the escalation; on POST (decide permission only) record one decision through the service."""

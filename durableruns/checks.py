@@ -1,4 +1,5 @@
-"""System checks: declarations that would fail a resume are reported at start-up, not on the day of a crash."""
+"""System checks: declarations and settings that would fail a resume are reported at start-up, not on the day of a
+crash."""
 
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
                     hint="Staff read the docstring in the escalation queue: say how to check the far system by hand.",
                     id="durableruns.W002"))
     return messages
+
+
+@checks.register()
+def check_time_zone_support(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """USE_TZ = False is refused: durableruns compares instants, and naive local times are not instants.
+
+    Leases run out, and a lagging lookup's "not found" becomes proof of absence, at instants compared with the
+    database's timestamps. With USE_TZ = False Django hands out naive wall-clock times: they cannot be compared
+    with the aware ones the database's JSON carries (a TypeError, and the run is never worked), and where the
+    zone keeps daylight-saving time they jump by an hour, which would prove a step absent early and call the
+    far system a second time. Refusing at start-up is safer than converting at every place two times meet.
+    """
+    if settings.USE_TZ:
+        return []
+    return [checks.Error(
+        "durableruns needs USE_TZ = True",
+        hint="Its leases and proofs of absence compare instants; naive local times (USE_TZ = False) cannot be "
+             "compared with the database's timestamps, and jump at daylight-saving changes, so a step could be "
+             "run twice. Set USE_TZ = True (Django's default); TIME_ZONE still sets how times are shown.",
+        id="durableruns.E003")]
 
 
 @checks.register(checks.Tags.database)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -53,14 +54,28 @@ class Step:
 
 
 class Workflow:
-    """A named, ordered plan of steps; `@workflow.step(policy=...)` adds one."""
+    """A named, ordered plan of steps; `@workflow.step(policy=...)` adds one.
 
-    def __init__(self, name: str) -> None:
+    A name belongs to one module. A second declaration of the name from another module is refused (runs started
+    under the first would otherwise execute the second's code); from the same module (the module imported again,
+    as tests and reloads do) it replaces the first. `replace=True` says a module means to replace a workflow
+    declared elsewhere: another deploy of the same flow, loaded in its own worker process by a test.
+    """
+
+    def __init__(self, name: str, *, replace: bool = False) -> None:
         if not name or not isinstance(name, str):
             raise DeclarationError("a workflow needs a non-empty name")
         self.name = name
+        self.module = _declaring_module(self)
         self.steps: list[Step] = []
         self._by_name: dict[str, Step] = {}
+        earlier = _registry.get(name)
+        if earlier is not None and earlier.module != self.module and not replace:
+            raise DeclarationError(
+                f"workflow {name!r} is declared twice: in {earlier.module} and in {self.module}. Runs started "
+                f"under one would execute the other's steps: rename one (a run records its workflow's name), "
+                f"or pass replace=True where the replacement is meant",
+                workflow=name, modules=(earlier.module, self.module))
         _registry[name] = self
         _declared()
 
@@ -157,6 +172,16 @@ def first_steps() -> FirstSteps:
         _first_steps = (_changes, tuple((wf.name, wf.fingerprint, wf.steps[0].name)
                                         for wf in _registry.values() if wf.steps and wf.steps[0].intent))
     return _first_steps[1]
+
+
+def _declaring_module(workflow: Workflow) -> str:
+    """The module whose code declares `workflow`: the first caller outside its constructors (a subclass's
+    __init__ included), by the frames' globals; '<unknown>' for code run without a module name."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and (frame.f_globals.get("__name__") == __name__
+                                        or frame.f_locals.get("self") is workflow):
+        frame = frame.f_back
+    return str(frame.f_globals.get("__name__", "<unknown>"))
 
 
 def _declared() -> None:

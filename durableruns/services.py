@@ -50,9 +50,25 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> s
         raise InvalidInput(str(exc)) from None
     if run_id is not None and (not isinstance(run_id, str) or not run_id.strip() or len(run_id) > 200):
         raise InvalidInput("run_id must be a non-empty string of at most 200 characters")
+    if run_id is not None and not _storable_text(run_id):
+        # PostgreSQL refuses a NUL in text (SQLite stores it), neither encodes a lone surrogate: say so here,
+        # the same on both, before anything is written.
+        # The message spells the id with escapes (repr); a raw surrogate would break whoever renders it.
+        raise InvalidInput(f"run_id {run_id!r} holds a NUL character or a lone surrogate, which cannot be stored")
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=workflow.fingerprint, input=input)
     return run_id
+
+
+def _storable_text(text: str) -> bool:
+    """Whether every database durableruns runs on can store `text`: no NUL, and valid UTF-8 (no lone surrogate)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def plan_of(run: RunState) -> tuple[str, ...] | None:

@@ -11,6 +11,8 @@ from durableruns.admin import (
     DECISION_LABELS,
     STATUS_TONES,
     ZONE_BADGES,
+    nesting_depth,
+    pretty_json,
     status_badge,
     summarize,
     zone_badge,
@@ -68,3 +70,23 @@ def test_status_badges_use_the_status_label():
 )
 def test_summarize_says_what_a_result_holds_by_its_ids_first(result, skip, expected):
     assert summarize(result, skip=skip).startswith(expected)
+
+
+def nested_lists(depth: int) -> list:
+    outer: list = []
+    inner = outer
+    for _ in range(depth - 1):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+def test_nesting_depth_counts_arrays_and_objects_without_recursing():
+    assert nesting_depth(7) == 0 and nesting_depth([]) == 1 and nesting_depth({"a": [1, {"b": 2}]}) == 3
+    assert nesting_depth(nested_lists(100_000)) == 100_000
+
+
+def test_a_result_too_deep_for_the_encoder_is_named_on_the_page_not_a_500():
+    # Recorded rows hold at most what the encoder managed in the worker; a page renders deeper in the stack.
+    assert pretty_json(nested_lists(100_000)) == "(nested too deep to show: 100000 levels)"
+    assert pretty_json({"b": 1, "a": [2]}) == '{\n  "a": [\n    2\n  ],\n  "b": 1\n}'

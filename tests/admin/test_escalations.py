@@ -3,6 +3,7 @@ that a decision applies once however many people press a button."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
@@ -11,7 +12,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
-from durableruns import services
+from durableruns import admin, services
 from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep
 from tests.admin.users import OPERATE, logged_in, staff
 from tests.admin.records import escalated, purchase_in_doubt
@@ -89,6 +90,34 @@ def test_staff_without_the_permission_can_look_but_not_decide(far, as_viewer: Cl
     assert not Intervention.objects.exists() and status(escalation.run_id) == RunStatus.NEEDS_DECISION
 
 
+def offers_to_decide(html: str) -> list[str]:
+    """Every link or button on the page that offers to decide, by its text (and any decision form's field)."""
+    offers = re.findall(r"<(?:a|button)\b[^>]*>((?:(?!</(?:a|button)>).)*)</(?:a|button)>", html, re.S)
+    found = [text for text in offers if re.search(r"\bdecide\b|it happened|did not happen|abandon the run", text, re.I)]
+    return found + re.findall(r'name="outcome"', html)
+
+
+def test_staff_without_the_permission_are_offered_to_decide_nowhere_and_read_everything(far, as_viewer: Client,
+                                                                                        as_operator: Client):
+    run_id = purchase_in_doubt()
+    escalation = Escalation.objects.get(run_id=run_id)
+    pages = {"queue": QUEUE, "escalation": page(escalation), "run": f"/admin/durableruns/runstate/{run_id}/change/",
+             "runs": "/admin/durableruns/runstate/"}
+    for name, url in pages.items():
+        response = as_viewer.get(url)
+        assert response.status_code == 200, name
+        html = response.content.decode()
+        assert offers_to_decide(html) == [], name
+        if name != "escalation":
+            assert f'href="{page(escalation)}"' in html or name == "runs", name  # the escalation stays one click away
+    run_page = as_viewer.get(pages["run"]).content.decode()
+    assert f"read it (escalation #{escalation.pk})" in run_page
+    assert "deciding needs the permission" in as_viewer.get(QUEUE).content.decode()
+    # Whoever may decide is offered to, on the run page and on the escalation's.
+    assert f"decide it (escalation #{escalation.pk})" in offers_to_decide(as_operator.get(pages["run"]).content.decode())
+    assert 'name="outcome"' in offers_to_decide(as_operator.get(page(escalation)).content.decode())
+
+
 def test_staff_with_the_permission_see_three_decisions_and_a_required_note(as_operator: Client):
     escalation = escalated("run-a")
     html = as_operator.get(page(escalation)).content.decode()
@@ -148,6 +177,24 @@ def test_a_result_that_is_not_json_is_an_error_and_changes_nothing(as_operator: 
     assert "A result goes only with “it happened”." in wrong.content.decode()
     assert not Intervention.objects.exists() and status("run-a") == RunStatus.NEEDS_DECISION
     assert RunStep.objects.get(run_id="run-a", step="third").status == "started"
+
+
+@pytest.mark.parametrize("result", ["[" * 10_000 + "]" * 10_000,  # json.loads raises RecursionError
+                                    '{"a": ' * 65 + "1" + "}" * 65],  # parses, but too deep to record
+                         ids=["10000 levels", "65 levels"])
+def test_a_result_nested_too_deep_is_a_form_error_and_changes_nothing(as_operator: Client, result: str):
+    escalation = escalated("run-a")
+    response = as_operator.post(page(escalation), {"outcome": "happened", "note": "found it", "result": result})
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "The result is nested more than 64 levels deep: nothing was recorded." in html
+    assert result.replace('"', "&quot;") in html  # what was typed stays in the box, as typed
+    assert not Intervention.objects.exists() and status("run-a") == RunStatus.NEEDS_DECISION
+    nested = '{"a": ' * 64 + "1" + "}" * 64  # as deep as a result may be: recorded, and shown on the page
+    assert as_operator.post(page(escalation), {"outcome": "happened", "note": "found it",
+                                               "result": nested}).status_code == 302
+    assert admin.nesting_depth(Intervention.objects.get().result) == 64
+    assert as_operator.get(page(escalation)).status_code == 200
 
 
 def test_the_second_decision_is_refused_and_names_who_decided_first(as_operator: Client):

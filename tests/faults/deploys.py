@@ -23,8 +23,11 @@ def declare(workflow: Workflow, step: Step, fn: Callable[[Any], Any]) -> None:
 
 def copy_of(name: str, *, replace: dict[str, Callable[[Any], Any]] | None = None,
             insert_before: tuple[str, Step] | None = None) -> Workflow:
-    """A workflow named `name` with purchase_order's plan; `replace` swaps step functions (same names)."""
-    workflow = Workflow(name)
+    """A workflow named `name` with purchase_order's plan; `replace` swaps step functions (same names).
+
+    Declared with Workflow(replace=True): deploy_v2 and deploy_buggy mean to replace purchase_order, which
+    project.purchasing.workflows declares, in the worker processes that load them."""
+    workflow = Workflow(name, replace=True)
     for step in po.purchase_order.steps:
         if insert_before and insert_before[0] == step.name:
             declare(workflow, insert_before[1], insert_before[1].fn)

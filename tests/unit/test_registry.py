@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from durableruns import Rejected, Workflow
+from durableruns import Rejected, Workflow, registry
 from durableruns.errors import DeclarationError, UnknownWorkflow
 from durableruns.policies import Policy
 from durableruns.registry import get_workflow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_steps_run_in_declaration_order_and_are_named_by_function():
@@ -102,3 +110,89 @@ def test_first_steps_names_each_workflow_whose_first_step_records_an_intent():
     def pure(ctx): ...
 
     assert not any(name == "unit_first_quiet" for name, _, _ in first_steps())
+
+
+# -- a workflow's name belongs to one module ------------------------------------------------------------------
+
+DECLARES_SHIPPING = '''
+from durableruns import Workflow
+
+shipping = Workflow("unit_shipping"{extra})
+
+
+@shipping.step(policy="re_executable")
+def {step}(ctx):
+    return {{"by": __name__}}
+'''
+
+
+@pytest.fixture
+def modules(tmp_path, monkeypatch):
+    """Write modules into a folder on sys.path and import them; the registry is restored afterwards."""
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written: list[str] = []
+
+    def declare(module: str, *, step: str = "book", extra: str = "") -> ModuleType:
+        (tmp_path / f"{module}.py").write_text(DECLARES_SHIPPING.format(step=step, extra=extra))
+        written.append(module)
+        importlib.invalidate_caches()
+        if module in sys.modules:
+            return importlib.reload(sys.modules[module])
+        return importlib.import_module(module)
+
+    yield declare
+    for module in written:
+        sys.modules.pop(module, None)
+
+
+def test_two_modules_declaring_one_name_is_an_error_naming_the_name_and_both_modules(modules):
+    first = modules("unit_shop_a")
+    with pytest.raises(DeclarationError) as refused:
+        modules("unit_shop_b", step="ship")
+    message = str(refused.value)
+    assert "'unit_shipping' is declared twice: in unit_shop_a and in unit_shop_b" in message
+    assert refused.value.modules == ("unit_shop_a", "unit_shop_b")
+    # The first declaration stands: runs started under it go on executing its own steps.
+    assert get_workflow("unit_shipping") is first.shipping and first.shipping.plan == ("book",)
+    assert first.shipping.module == "unit_shop_a"
+
+
+def test_the_same_module_imported_again_replaces_its_own_declaration(modules):
+    before = modules("unit_shop_a").shipping
+    again = modules("unit_shop_a", step="ship").shipping  # importlib.reload, as a test or a dev server does
+    assert again is not before and get_workflow("unit_shipping") is again and again.plan == ("ship",)
+
+
+def test_a_declaration_with_replace_true_replaces_one_from_another_module(modules):
+    modules("unit_shop_a")
+    other_deploy = modules("unit_shop_v2", step="ship", extra=", replace=True").shipping
+    assert get_workflow("unit_shipping") is other_deploy and other_deploy.module == "unit_shop_v2"
+
+
+def test_a_subclass_of_workflow_is_declared_by_the_module_that_instantiates_it(modules, monkeypatch):
+    class Audited(Workflow):
+        def __init__(self, name: str) -> None:
+            super().__init__(name)
+
+    monkeypatch.setattr("durableruns.Workflow", Audited)
+    assert modules("unit_shop_a").shipping.module == "unit_shop_a"
+    with pytest.raises(DeclarationError, match="in unit_shop_a and in unit_shop_b"):
+        modules("unit_shop_b")
+
+
+def test_django_refuses_to_start_when_two_modules_declare_one_workflow_name(tmp_path):
+    """The second declaration raises during AppConfig.ready (autodiscovery): manage.py stops, saying both."""
+    (tmp_path / "unit_rival_purchasing.py").write_text(
+        'from durableruns import Workflow\n\npurchase_order = Workflow("purchase_order")\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
+               DJANGO_SETTINGS_MODULE="project.settings", DURABLERUNS_WORKFLOW_MODULES="unit_rival_purchasing")
+    env.pop("DATABASE_URL", None)  # the check needs no database: start-up fails before any is used
+    refused = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0
+    assert ("DeclarationError: workflow 'purchase_order' is declared twice: in project.purchasing.workflows "
+            "and in unit_rival_purchasing") in refused.stderr
+    fine = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=dict(env, DURABLERUNS_WORKFLOW_MODULES="tests.faults.deploy_v2"))
+    assert fine.returncode == 0, fine.stderr  # a deploy that replaces purchase_order on purpose still starts
