@@ -200,7 +200,8 @@ def test_retry_refuses_a_run_that_did_not_fail(as_operator: Client):
     run_id = escalated("run-a").run_id
     response = as_operator.post(RUNS, {"action": "retry_runs", "_selected_action": run_id, "post": "yes",
                                        "note": "try again"}, follow=True)
-    assert "run-a was not retried: only a failed run can be retried" in " ".join(messages_of(response))
+    assert "run-a was not retried: this run waits for a decision on its escalation" in " ".join(
+        messages_of(response))
     assert RunState.objects.get(pk=run_id).status == RunStatus.NEEDS_DECISION
     assert not Intervention.objects.exists()
 

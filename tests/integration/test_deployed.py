@@ -268,3 +268,25 @@ def test_a_database_error_from_one_runs_data_ends_that_runs_turn_only(settings):
     assert state.wake_at > Clock().now() + timedelta(seconds=500)
     assert run(after).status == RunStatus.COMPLETED  # worked in the same pass
     assert connection.connection.info.transaction_status == 0  # idle: the failed statement left nothing open
+
+
+def test_a_bug_inside_durableruns_records_its_reason_and_releases_the_run_with_a_backoff(monkeypatch, settings):
+    settings.DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS = 600
+    from durableruns import engine
+
+    real = engine.compute_boundary
+
+    def buggy(plan, attempts):  # a bug in durableruns that only this run's shape reaches
+        if plan == ("short", "s" * 250):
+            raise RuntimeError("boundary bug")
+        return real(plan, attempts)
+
+    monkeypatch.setattr(engine, "compute_boundary", buggy)
+    bad = make_run("deployed_too_long")
+    after = make_run("scripted")
+    report = services.resume_due()
+    assert report.crashed == [(bad, "RuntimeError: boundary bug")]
+    state = run(bad)
+    assert state.status == RunStatus.WAITING and "durableruns raised" in state.reason and "boundary bug" in state.reason
+    assert state.lease_expires_at is None and state.wake_at > Clock().now() + timedelta(seconds=500)
+    assert run(after).status == RunStatus.COMPLETED

@@ -57,7 +57,7 @@ class Command(BaseCommand):
         try:
             self._check_skew(lease)
         except DatabaseError as exc:
-            raise CommandError(f"database error before the first pass: {exc}".strip()) from exc
+            raise _stopped(exc) from exc
         stopping = _StopFlag()
         began = time.monotonic()
         crashed = 0
@@ -69,11 +69,7 @@ class Command(BaseCommand):
                 report = services.resume_due(limit=limit, owner=owner, lease_seconds=lease, run_id=run_id,
                                              max_seconds=remaining, on_outcome=self._line)
             except DatabaseError as exc:
-                raise CommandError(
-                    f"database error, pass stopped: {exc}".strip()
-                    + "\nEvery fact is its own transaction, so nothing is half recorded; the next pass resumes "
-                      "from the record."
-                ) from exc
+                raise _stopped(exc) from exc
             for run, error in report.crashed:
                 self.stderr.write(f"{run}: raised {error}")
             crashed += len(report.crashed)
@@ -107,6 +103,12 @@ class Command(BaseCommand):
         for p in previews:
             self.stdout.write(f"{p.run_id}: {p.boundary}\n  would {p.would}")
         self.stdout.write(f"dry run: {len(previews)} run(s) due; nothing changed")
+
+
+def _stopped(exc: DatabaseError) -> CommandError:
+    return CommandError(
+        f"database error, pass stopped: {exc}".strip()
+        + "\nEvery fact is its own transaction, so nothing is half recorded; the next pass resumes from the record.")
 
 
 class _StopFlag:
