@@ -39,6 +39,19 @@ def internal_error_backoff() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS", 60.0)))
 
 
+def concurrency() -> int:
+    """Runs one resume_runs process works at once (threads, each with its own connection) when --concurrency is
+    not given; DURABLERUNS_CONCURRENCY, 4 by default. SQLite always gets 1: it has one writer at a time."""
+    return int(getattr(settings, "DURABLERUNS_CONCURRENCY", 4))
+
+
+def shutdown_grace() -> float:
+    """Seconds a stopping worker (SIGTERM, SIGINT) lets the steps in hand finish before it exits anyway;
+    DURABLERUNS_SHUTDOWN_GRACE_SECONDS, 30 by default. The record is safe either way: that is what the intent
+    commit is for."""
+    return float(getattr(settings, "DURABLERUNS_SHUTDOWN_GRACE_SECONDS", 30.0))
+
+
 def default_timeout() -> timedelta:
     """The longest a step's far call may stay open when the step declares no timeout."""
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_DEFAULT_TIMEOUT_SECONDS", 30.0)))

@@ -10,13 +10,13 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from durableruns import conf, store, testing
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
@@ -38,6 +38,9 @@ from durableruns.policies import (
 )
 from durableruns.registry import Step, Workflow, effect_key, get_workflow
 from durableruns.store import Claimed, Intent, Lease
+
+if TYPE_CHECKING:
+    from durableruns.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("durableruns")
 
@@ -66,65 +69,6 @@ _ATTEMPT_FIELDS = ("step", "attempt", "status", "effect_key", "started_at", "fin
 def load_attempts(run_id: str) -> list[StepAttempt]:
     """Every attempt of the run, in one query (plain values: this runs once per claim)."""
     return [StepAttempt(**row) for row in RunStep.objects.of_run(run_id).values(*_ATTEMPT_FIELDS)]
-
-
-class Heartbeat:
-    """One thread per worker renews the lease of the run in hand, so a long step keeps it.
-
-    A paused or dead process stops renewing, and that is what lets another worker take the run over. The
-    thread lives as long as the worker's pass, not one run: starting a thread per run costs more than a step.
-    A renewal that meets a database error drops the thread's connection, so the next beat connects anew: a
-    connection killed under it (a restarted server, a pooler, a network blip) must not cost the lease.
-    """
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self._lease: Lease | None = None
-        self._changed = threading.Event()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._beat, name="durableruns-heartbeat", daemon=True)
-
-    def start(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._changed.set()
-        self._thread.join()
-
-    def watch(self, lease: Lease | None) -> None:
-        """Renew `lease` from now on (None: nothing is in hand)."""
-        self._lease = lease
-        self._changed.set()
-
-    def _beat(self) -> None:
-        try:
-            while not self._stopped:
-                lease = self._lease
-                # Sleep a third of the lease, or until the run in hand changes.
-                if self._changed.wait(lease.seconds / 3 if lease else None):
-                    self._changed.clear()
-                    continue
-                try:
-                    store.renew(lease, clock=self.clock)  # type: ignore[arg-type]
-                except FencedOut:
-                    log.info("run %s: lease not renewed: released or taken over", lease.run_id)  # type: ignore[union-attr]
-                except DatabaseError as exc:
-                    log.warning("run %s: lease not renewed (%s); reconnecting for the next beat",
-                                lease.run_id, str(exc).strip())  # type: ignore[union-attr]
-                    _drop_connection()
-        finally:
-            for opened in connections.all(initialized_only=True):  # this thread's own, if it renewed at all
-                opened.close()
-
-
-def _drop_connection() -> None:
-    """Discard this thread's database connection (it may be broken); Django opens a new one on next use."""
-    try:
-        connections[DEFAULT_DB_ALIAS].close()
-    except DatabaseError:  # closing a broken connection can fail too; it is gone either way
-        connections[DEFAULT_DB_ALIAS].connection = None
 
 
 @dataclass
@@ -182,20 +126,32 @@ class _Stop(Exception):
 
 
 class Engine:
-    """Works claimed runs. `clock` is injectable so tests can move time past a lookup's lag."""
+    """Works claimed runs. `clock` is injectable so tests can move time past a lookup's lag.
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    `heartbeat` renews the lease of every run in hand (a worker process shares one among its threads; used alone,
+    the engine starts its own). `stopping` is asked between steps: once it says yes, the run is handed back
+    (pending) after the step in hand, with no next intent recorded, so it is not left in doubt.
+    """
+
+    def __init__(self, clock: Clock | None = None, *, heartbeat: Heartbeat | None = None,
+                 stopping: Callable[[], bool] | None = None) -> None:
         self.clock = clock or store.DATABASE
-        self._heartbeat: Heartbeat | None = None
+        self._heartbeat = heartbeat
+        self._own_heartbeat = False
+        self._stopping = stopping or (lambda: False)
 
     def __enter__(self) -> Engine:
-        self._heartbeat = Heartbeat(self.clock).start()
+        if self._heartbeat is None:
+            from durableruns.worker.heartbeat import Heartbeat  # the engine used alone renews its own leases
+
+            self._heartbeat = Heartbeat(self.clock).start()
+            self._own_heartbeat = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._heartbeat is not None:
+        if self._own_heartbeat and self._heartbeat is not None:
             self._heartbeat.stop()
-            self._heartbeat = None
+            self._heartbeat, self._own_heartbeat = None, False
 
     # -- entry point -------------------------------------------------------------------------------------
 
@@ -204,11 +160,11 @@ class Engine:
         if self._heartbeat is None:  # used outside `with Engine() as engine:`: a heartbeat for this run only
             with self:
                 return self.work(claimed)
-        self._heartbeat.watch(claimed.lease)
+        self._heartbeat.hold(claimed.lease)
         try:
             return self._work(claimed)
         finally:
-            self._heartbeat.watch(None)
+            self._heartbeat.drop(claimed.lease)
 
     def _work(self, claimed: Claimed) -> RunOutcome:
         lease = claimed.lease
@@ -248,6 +204,9 @@ class Engine:
         for index, step in enumerate(plan):
             if step.name in state.boundary.done:
                 continue
+            if pending_intent is None and self._stopping():  # nothing in hand, nothing in doubt: hand it back
+                raise _Stop(self._release(state.lease, RunStatus.PENDING,
+                                          f"handed back before {step.name}: its worker was stopping"))
             latest = state.boundary.latest.get(step.name)
             if pending_intent is not None and pending_intent.step == step.name:
                 intent, pending_intent = pending_intent, None
@@ -337,7 +296,8 @@ class Engine:
                 intent, recorded = follow
                 continue
             testing.reached("after_return", step.name)
-            next_intent = self._next_intent(state, plan, index)
+            # A stopping worker records no next intent: the run is handed back between steps, not left in doubt.
+            next_intent = None if self._stopping() else self._next_intent(state, plan, index)
             if next_intent is not None:  # its intent rides on this commit, so "before" it is now
                 testing.reached("before_intent", next_intent.step)
             last = index + 1 == len(plan)

@@ -144,6 +144,25 @@ seen AS (
 SELECT count(*) FROM fence
 """
 
+# Every lease a process holds, in one statement: the held (run, epoch, lease seconds) as arrays; the runs renewed
+# come back, and any other was released or taken over.
+_RENEW_ALL = """
+WITH held AS (
+  SELECT * FROM unnest(%(runs)s::text[], %(epochs)s::bigint[], %(seconds)s::float8[]) AS h(run_id, epoch, seconds)),
+fence AS (
+  UPDATE run_state r SET updated_at = now() + %(shift)s,
+         lease_expires_at = now() + %(shift)s + h.seconds * interval '1 second'
+    FROM held h
+   WHERE r.run_id = h.run_id AND r.epoch = h.epoch AND r.status = 'running'
+  RETURNING r.run_id, r.epoch),
+seen AS (
+  UPDATE run_step s SET renewed_at = now() + %(shift)s
+    FROM fence f
+   WHERE s.run_id = f.run_id AND s.epoch = f.epoch AND s.status = 'started'
+  RETURNING 1)
+SELECT run_id FROM fence
+"""
+
 
 class _PreparedCursor(psycopg.Cursor[Any]):
     """A server-side binding cursor whose every statement is prepared (parsed once per connection)."""
@@ -303,6 +322,18 @@ def checkpoint(*, run: str, epoch: int, times: Times, step: str, attempt: int, l
     """Commit a loop's position inside the started attempt, fenced."""
     return _rowcount(_CHECKPOINT, {"run": run, "epoch": epoch, "step": step, "attempt": attempt, "loop": loop,
                                    "progress": progress, **times}) == 1
+
+
+def renew_all(*, runs: list[str], epochs: list[int], seconds: list[float], shift: timedelta) -> set[str]:
+    """Extend the leases of many running runs at once from the database's now; return the runs renewed."""
+    hot = _hot_path()
+    params: dict[str, Any] = {"runs": runs, "epochs": epochs, "seconds": seconds, "shift": shift}
+    if hot is None:
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute(_RENEW_ALL, params)
+            return {run for (run,) in cursor.fetchall()}
+    hot.cursor.execute(hot.text(_RENEW_ALL), params)
+    return {run for (run,) in hot.cursor.fetchall()}
 
 
 def renew(*, run: str, epoch: int, times: Times) -> bool:

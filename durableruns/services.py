@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from django.db import DatabaseError, DataError, IntegrityError
-
-from durableruns import conf, store, testing
+from durableruns import conf, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock
-from durableruns.engine import Engine, RunOutcome
+from durableruns.engine import RunOutcome
 from durableruns.errors import (
     EscalationNotFound,
-    FencedOut,
     InvalidDecision,
     InvalidInput,
     ResultNotJSON,
@@ -29,10 +25,9 @@ from durableruns.errors import (
 )
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
-from durableruns.registry import first_steps, get_workflow
-
-log = logging.getLogger("durableruns")
-
+from durableruns.registry import get_workflow
+from durableruns.worker.heartbeat import Heartbeat
+from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
 
 def default_owner() -> str:
     """Name this worker process: host and pid, so an operator can find it."""
@@ -105,109 +100,44 @@ def run_boundary(run_id: str) -> Boundary:
 # -- resuming -------------------------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
-class PassReport:
-    """What one resume pass did: an outcome per run handled, and what crashed."""
-
-    outcomes: list[RunOutcome] = field(default_factory=list)
-    crashed: list[tuple[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def steps_run(self) -> int:
-        return sum(o.steps_run for o in self.outcomes)
-
-    def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for o in self.outcomes:
-            counts[o.status] = counts.get(o.status, 0) + 1
-        return counts
-
-    def summary(self) -> str:
-        counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts().items())) or "nothing due"
-        crashed = f", {len(self.crashed)} raised" if self.crashed else ""
-        return (f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
-                f"{self.steps_run} step(s) run")
-
-
 def resume_due(
     *,
-    limit: int = 100,
+    limit: int | None = None,
     owner: str | None = None,
     lease_seconds: float | None = None,
     run_id: str | None = None,
     max_seconds: float | None = None,
     clock: Clock | None = None,
     on_outcome: Callable[[RunOutcome], None] | None = None,
+    concurrency: int = 1,
+    stopping: Stopping | None = None,
+    waker: Waker | None = None,
+    idle_seconds: float = 5.0,
+    grace: float | None = None,
 ) -> PassReport:
-    """Claim due runs one at a time and work each; safe to run from any number of hosts at once, whatever their
+    """Claim due runs and work them, with `concurrency` threads, until none is due (or, given a `waker`, until
+    `stopping` is set or `max_seconds` pass); safe to run from any number of hosts at once, whatever their
     clocks say: every time that decides ownership is the database's (`clock` shifts it, for tests).
 
     One run's trouble ends that run's turn only: a bug inside durableruns, or data the database refuses, is
-    recorded as the run's reason and the run waits out a backoff, while the pass goes on to the next run. A
-    database that cannot be reached stops the pass (raised to the caller): nothing is half recorded, since
-    every fact is its own transaction, and the next pass picks up from the record.
+    recorded as the run's reason and the run waits out a backoff, while the others go on. A database that cannot
+    be reached stops the pass (raised to the caller): nothing is half recorded, since every fact is its own
+    transaction, and the next pass picks up from the record.
     """
     clock = clock or store.DATABASE
-    owner = owner or default_owner()
-    lease_seconds = conf.lease_seconds() if lease_seconds is None else lease_seconds
     report = PassReport()
     began = time.monotonic()
-    with Engine(clock=clock) as engine:
-        _work_due(engine, report, limit=limit, owner=owner, lease_seconds=lease_seconds, run_id=run_id,
-                  max_seconds=max_seconds, began=began, clock=clock, on_outcome=on_outcome)
-    report.seconds = time.monotonic() - began
-    return report
-
-
-def _before_first_intent() -> Callable[[str], None] | None:
-    """The fault-injection point before a first intent that rides on the claim; None (no hook) unless armed."""
-    if not testing.armed():
-        return None
-    return lambda step: testing.reached("before_intent", step)
-
-
-def _work_due(engine: Engine, report: PassReport, *, limit: int, owner: str, lease_seconds: float,
-              run_id: str | None, max_seconds: float | None, began: float, clock: Clock,
-              on_outcome: Callable[[RunOutcome], None] | None) -> None:
-    while len(report.outcomes) + len(report.crashed) < limit:
-        if max_seconds is not None and time.monotonic() - began >= max_seconds:
-            break
-        claimed = store.claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id,
-                              first_steps=first_steps(), before_first_intent=_before_first_intent())
-        if claimed is None:
-            break
+    with Heartbeat(clock) as heartbeat:
+        pool = WorkerPool(
+            concurrency=concurrency, owner=owner or default_owner(), clock=clock, heartbeat=heartbeat,
+            lease_seconds=conf.lease_seconds() if lease_seconds is None else lease_seconds, report=report,
+            budget=Budget(limit), run_id=run_id, deadline=None if max_seconds is None else began + max_seconds,
+            stopping=stopping, waker=waker, idle_seconds=idle_seconds, on_outcome=on_outcome)
         try:
-            outcome = engine.work(claimed)
-        except (DataError, IntegrityError) as exc:  # this run's data, not the database's health
-            report.crashed.append((claimed.lease.run_id, _set_aside(claimed.lease, exc, clock)))
-            continue
-        except DatabaseError:
-            raise
-        except Exception as exc:  # a bug, not a step's failure: record it, keep the others going
-            report.crashed.append((claimed.lease.run_id, _set_aside(claimed.lease, exc, clock)))
-            continue
-        report.outcomes.append(outcome)
-        if on_outcome is not None:
-            on_outcome(outcome)
-        if run_id is not None:
-            break
-
-
-def _set_aside(lease: store.Lease, exc: Exception, clock: Clock) -> str:
-    """Record why a run's pass raised and release it for a backoff, fenced on its epoch (a run another worker
-    took meanwhile is left to it); return the error as the operator sees it."""
-    error = f"{type(exc).__name__}: {exc}".strip()
-    log.error("run %s: durableruns raised while working it: %s", lease.run_id, error, exc_info=exc)
-    try:
-        store.release(lease, status=RunStatus.WAITING, clock=clock,
-                      wake_at=clock.now() + conf.internal_error_backoff(),
-                      reason=f"durableruns raised while working this run ({error}); trying again after a backoff")
-    except FencedOut:
-        pass
-    except DatabaseError as again:  # the lease runs out on its own and the run is taken again then
-        log.error("run %s: could not record the error: %s", lease.run_id, again)
-    return error
+            pool.run(grace=grace)
+        finally:
+            report.seconds = time.monotonic() - began
+    return report
 
 
 @dataclass(frozen=True, kw_only=True)

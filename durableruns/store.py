@@ -295,6 +295,24 @@ def renew(lease: Lease, *, clock: Clock = DATABASE) -> None:
         raise FencedOut("the run was released or taken over", run_id=lease.run_id, epoch=lease.epoch)
 
 
+def renew_all(leases: list[Lease], *, clock: Clock = DATABASE) -> set[str]:
+    """Renew many leases as `renew` does one, in one statement on PostgreSQL; return the run_ids renewed (any
+    other was released or taken over)."""
+    if not leases:
+        return set()
+    if _fast():
+        return pgsql.renew_all(runs=[lease.run_id for lease in leases], epochs=[lease.epoch for lease in leases],
+                               seconds=[lease.seconds for lease in leases], shift=clock.shift)
+    renewed = set()
+    for lease in leases:  # SQLite: one worker, a handful of leases
+        try:
+            renew(lease, clock=clock)
+        except FencedOut:
+            continue
+        renewed.add(lease.run_id)
+    return renewed
+
+
 def record_intent(lease: Lease, intent: Intent, *, clock: Clock = DATABASE) -> None:
     """Commit 1: the step is about to act under its effect key, and the run is at this step."""
     if _fast():

@@ -3,8 +3,8 @@
 A worker started with DURABLERUNS_WORKFLOW_MODULES=...,tests.faults.probe and FAULTS_PROBE_LOG=<file> appends
 one line per event to that file, before the armed kill (if any) fires:
 
-    <pid> claim <run_id>          the worker took a run; the events that follow belong to it
-    <pid> <point> <step>          the engine (or a step, or ctx.loop) reached that point
+    <pid>.<thread> claim <run_id>     the worker's thread took a run; its events that follow belong to it
+    <pid>.<thread> <point> <step>     the engine (or a step, or ctx.loop) reached that point
 
 so a test can check that a kill happened exactly where it was armed, and count the loop items each attempt
 priced (a `loop:N` line is item N finished). The durableruns app arms DURABLERUNS_CRASH_AT before it imports
@@ -14,6 +14,7 @@ this module; this module re-arms the same kill behind its logger, through testin
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from durableruns import store, testing
@@ -25,7 +26,7 @@ def _write(line: str) -> None:
     # One short O_APPEND write per line: lines from concurrent workers never interleave.
     fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"{os.getpid()} {line}\n".encode())
+        os.write(fd, f"{os.getpid()}.{threading.get_ident()} {line}\n".encode())
     finally:
         os.close(fd)
 

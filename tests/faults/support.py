@@ -73,30 +73,31 @@ class Probe:
     def env(self) -> dict[str, str]:
         return {"FAULTS_PROBE_LOG": str(self.path)}
 
-    def events(self) -> list[tuple[int, str, str]]:
-        """(pid, event, argument) in the order written; event is a point or 'claim' (argument: the run)."""
+    def events(self) -> list[tuple[str, str, str]]:
+        """(worker thread as pid.thread, event, argument) in the order written; event is a point or 'claim'
+        (argument: the run)."""
         if not self.path.exists():
             return []
         out = []
         for line in self.path.read_text().splitlines():
-            pid, event, arg = line.split(" ", 2)
-            out.append((int(pid), event, arg))
+            thread, event, arg = line.split(" ", 2)
+            out.append((thread, event, arg))
         return out
 
-    def by_run(self) -> dict[str, list[tuple[int, str, str]]]:
-        """Events grouped by the run each worker was working when it wrote them."""
-        current: dict[int, str] = {}
-        grouped: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
-        for pid, event, arg in self.events():
+    def by_run(self) -> dict[str, list[tuple[str, str, str]]]:
+        """Events grouped by the run each worker thread was working when it wrote them."""
+        current: dict[str, str] = {}
+        grouped: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
+        for thread, event, arg in self.events():
             if event == "claim":
-                current[pid] = arg
-            elif pid in current:
-                grouped[current[pid]].append((pid, event, arg))
+                current[thread] = arg
+            elif thread in current:
+                grouped[current[thread]].append((thread, event, arg))
         return grouped
 
     def last_point(self, pid: int) -> tuple[str, str] | None:
-        """The last point a worker logged: where it died, if it was killed by an armed fault."""
-        mine = [(event, arg) for p, event, arg in self.events() if p == pid and event != "claim"]
+        """The last point a worker process logged: where it died, if it was killed by an armed fault."""
+        mine = [(event, arg) for t, event, arg in self.events() if t.split(".")[0] == str(pid) and event != "claim"]
         return mine[-1] if mine else None
 
     def loop_items(self, run_id: str, step: str = "quote") -> int:

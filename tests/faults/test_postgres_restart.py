@@ -139,8 +139,9 @@ def test_a_database_restart_mid_pass_stops_the_worker_cleanly_and_the_next_pass_
 
     # A pass over the runs, restarted while the second run's quote is past its checkpoint at line 25: the
     # heartbeat thread (every lease/3) meets the lost connection before the step's next write does.
+    # One thread: the runs go one after another, so the test knows which one the restart catches mid-step.
     worker = manage(pg, "resume_runs", "--skip-checks", "--loop", "--interval", "0.1", "--lease", "1",
-                    PURCHASING_QUOTE_ITEM_SECONDS="0.05")
+                    "--concurrency", "1", PURCHASING_QUOTE_ITEM_SECONDS="0.05")
     try:
         wait_until(lambda: pg.query("SELECT loop_cursor FROM run_step WHERE run_id = 'PO-restart-1' "
                                     "AND step = 'quote'") == [(25,)], timeout=60, what="the second quote's checkpoint")

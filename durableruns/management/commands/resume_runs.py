@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import signal
-import time
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from durableruns import conf, services
 from durableruns.clock import host_skew
 from durableruns.engine import RunOutcome
+from durableruns.worker.pool import Stopping, Waker
 
 
 def _positive(kind: type) -> Any:
@@ -33,11 +35,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         mode = parser.add_mutually_exclusive_group()
-        mode.add_argument("--once", action="store_true", help="One pass, then exit (the default, for cron).")
-        mode.add_argument("--loop", action="store_true", help="Pass after pass until --max-seconds or SIGTERM.")
+        mode.add_argument("--once", action="store_true",
+                          help="Work until nothing is due (or --max-seconds), then exit (the default, for cron).")
+        mode.add_argument("--loop", action="store_true", help="Keep working as runs come due, until "
+                          "--max-seconds or SIGTERM.")
         parser.add_argument("--interval", type=_positive(float), default=5.0,
-                            help="Seconds to sleep in --loop when nothing was due (default 5).")
-        parser.add_argument("--limit", type=_positive(int), default=100, help="Runs per pass (default 100).")
+                            help="Seconds an idle --loop worker waits before looking again (default 5).")
+        parser.add_argument("--limit", type=_positive(int), default=None,
+                            help="Take at most this many runs, then stop (default: no cap).")
+        parser.add_argument("--concurrency", type=_positive(int), default=None,
+                            help="Runs worked at once, each by a thread with its own database connection "
+                                 "(default DURABLERUNS_CONCURRENCY, 4; always 1 on SQLite).")
         parser.add_argument("--run", dest="run_id", metavar="RUN_ID", help="Work only this run.")
         parser.add_argument("--dry-run", action="store_true",
                             help="Print each due run's boundary and what would be done; change nothing.")
@@ -47,42 +55,41 @@ class Command(BaseCommand):
         parser.add_argument("--lease", type=_positive(float), default=None,
                             help="Lease length in seconds (default DURABLERUNS_LEASE_SECONDS, 30).")
 
-    def handle(self, *args: Any, loop: bool, interval: float, limit: int, run_id: str | None, dry_run: bool,
-               worker: str | None, max_seconds: float | None, lease: float | None, **options: Any) -> None:
+    def handle(self, *args: Any, loop: bool, interval: float, limit: int | None, concurrency: int | None,
+               run_id: str | None, dry_run: bool, worker: str | None, max_seconds: float | None,
+               lease: float | None, **options: Any) -> None:
         if dry_run:
             self._preview(limit=limit, run_id=run_id)
             return
         owner = worker or services.default_owner()
         lease = lease or conf.lease_seconds()
+        threads = self._threads(concurrency)
+        stopping = Stopping()
+        _on_signals(stopping)
         try:
             self._check_skew(lease)
+            if loop:
+                self.stdout.write(f"{owner}: working with {threads} thread(s), lease {lease:g}s; polling every "
+                                  f"{interval:g}s")
+            report = services.resume_due(
+                limit=limit, owner=owner, lease_seconds=lease, run_id=run_id, max_seconds=max_seconds,
+                on_outcome=self._line, concurrency=threads, stopping=stopping, waker=Waker() if loop else None,
+                idle_seconds=interval, grace=conf.shutdown_grace())
         except DatabaseError as exc:
             raise _stopped(exc) from exc
-        stopping = _StopFlag()
-        began = time.monotonic()
-        crashed = 0
-        while True:
-            remaining = None if max_seconds is None else max_seconds - (time.monotonic() - began)
-            if remaining is not None and remaining <= 0:
-                break
-            try:
-                report = services.resume_due(limit=limit, owner=owner, lease_seconds=lease, run_id=run_id,
-                                             max_seconds=remaining, on_outcome=self._line)
-            except DatabaseError as exc:
-                raise _stopped(exc) from exc
-            for run, error in report.crashed:
-                self.stderr.write(f"{run}: raised {error}")
-            crashed += len(report.crashed)
-            if report.outcomes or report.crashed or not loop or options["verbosity"] > 1:
-                self.stdout.write(report.summary())  # an idle --loop pass says nothing: logs stay readable
-            if not loop or stopping.set or run_id:
-                break
-            if not report.outcomes and not report.crashed:
-                stopping.sleep(interval if remaining is None else min(interval, remaining))
-            if stopping.set:
-                break
-        if crashed:
-            raise CommandError(f"{crashed} run(s) raised unexpectedly", returncode=3)
+        for run, error in report.crashed:
+            self.stderr.write(f"{run}: raised {error}")
+        self.stdout.write(report.summary())
+        if report.crashed:
+            raise CommandError(f"{len(report.crashed)} run(s) raised unexpectedly", returncode=3)
+
+    def _threads(self, asked: int | None) -> int:
+        if connections[DEFAULT_DB_ALIAS].vendor == "sqlite":
+            if asked is not None and asked > 1:
+                self.stderr.write("SQLite has one writer at a time: working with 1 thread, not "
+                                  f"{asked} (use PostgreSQL for concurrency)")
+            return 1
+        return asked or max(1, conf.concurrency())
 
     def _check_skew(self, lease: float) -> None:
         """Warn when this host's clock is far from the database's: durableruns decides by the database's clock
@@ -98,8 +105,8 @@ class Command(BaseCommand):
     def _line(self, outcome: RunOutcome) -> None:
         self.stdout.write(f"{outcome.run_id}: {outcome.status} - {outcome.detail}")
 
-    def _preview(self, *, limit: int, run_id: str | None) -> None:
-        previews = services.preview_due(limit=limit, run_id=run_id)
+    def _preview(self, *, limit: int | None, run_id: str | None) -> None:
+        previews = services.preview_due(limit=limit or 100, run_id=run_id)
         for p in previews:
             self.stdout.write(f"{p.run_id}: {p.boundary}\n  would {p.would}")
         self.stdout.write(f"dry run: {len(previews)} run(s) due; nothing changed")
@@ -111,21 +118,18 @@ def _stopped(exc: DatabaseError) -> CommandError:
         + "\nEvery fact is its own transaction, so nothing is half recorded; the next pass resumes from the record.")
 
 
-class _StopFlag:
-    """SIGTERM / SIGINT end --loop after the run in hand, never in the middle of a step."""
+def _on_signals(stopping: Stopping) -> None:
+    """SIGTERM / SIGINT: stop claiming, let the steps in hand finish (hand their runs back), exit 0. A second
+    signal exits at once: the record is safe either way, a step cut short is in doubt and settled by its policy."""
 
-    def __init__(self) -> None:
-        self.set = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                signal.signal(sig, self._on_signal)
-            except ValueError:  # not the main thread (e.g. called from a test thread)
-                pass
+    def on_signal(signum: int, frame: Any) -> None:
+        if stopping.is_set():
+            sys.stderr.write("second signal: exiting now\n")
+            os._exit(128 + signum)
+        stopping.set()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self.set = True
-
-    def sleep(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while not self.set and time.monotonic() < end:
-            time.sleep(min(0.1, end - time.monotonic()))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread (e.g. called from a test thread)
+            pass

@@ -1,0 +1,125 @@
+"""One renewer for every lease a worker process holds: one statement per beat, however many runs are in hand.
+
+A paused or dead process stops renewing, and that is what lets another worker take its runs over. Beats keep a
+fixed cadence (a third of the shortest lease held): a run taken or handed back changes what the next beat renews,
+never when it comes, so a busy pool cannot starve its own leases. A beat that meets a database error drops the
+thread's connection and the next beat connects anew: a connection killed under it (a restarted server, a pooler,
+a network blip) must not cost the leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from types import TracebackType
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+
+from durableruns import store
+from durableruns.clock import Clock
+from durableruns.store import Lease
+
+log = logging.getLogger("durableruns")
+
+
+class Heartbeat:
+    """Renews the leases handed to `hold` until they are `drop`ped; a thread of its own while started."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or store.DATABASE
+        self._held: dict[str, Lease] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.beats = 0  # statements sent: one per beat, whatever the number of leases it renewed
+        self.renewed = 0  # leases renewed, over all beats
+
+    # -- what the workers call -----------------------------------------------------------------------------
+
+    def hold(self, lease: Lease) -> None:
+        """Renew `lease` from the next beat on."""
+        with self._lock:
+            self._held[lease.run_id] = lease
+        self._changed.set()
+
+    def drop(self, lease: Lease) -> None:
+        """Stop renewing `lease` (the run was handed back, or lost)."""
+        with self._lock:
+            if self._held.get(lease.run_id) == lease:
+                del self._held[lease.run_id]
+
+    def held(self) -> list[Lease]:
+        with self._lock:
+            return list(self._held.values())
+
+    # -- the thread ------------------------------------------------------------------------------------------
+
+    def start(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._run, name="durableruns-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._changed.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        next_beat: float | None = None
+        try:
+            while not self._stopped:
+                leases = self.held()
+                if not leases:
+                    next_beat = None
+                    self._changed.wait()
+                    self._changed.clear()
+                    continue
+                interval = min(lease.seconds for lease in leases) / 3
+                now = time.monotonic()
+                if next_beat is None:  # the first lease since the thread was idle: it was just taken, fresh
+                    next_beat = now + interval
+                next_beat = min(next_beat, now + interval)  # a shorter lease arrived: beat sooner
+                if now < next_beat:
+                    self._changed.wait(next_beat - now)
+                    self._changed.clear()
+                    continue
+                self.beat(leases)
+                next_beat = time.monotonic() + interval
+        finally:
+            for opened in connections.all(initialized_only=True):  # this thread's own, if it renewed at all
+                opened.close()
+
+    def beat(self, leases: list[Lease]) -> None:
+        """Renew `leases` in one statement; forget those another worker took or that were handed back."""
+        try:
+            renewed = store.renew_all(leases, clock=self.clock)
+        except DatabaseError as exc:
+            log.warning("%d lease(s) not renewed (%s); reconnecting for the next beat", len(leases),
+                        str(exc).strip())
+            _drop_connection()
+            return
+        self.beats += 1
+        self.renewed += len(renewed)
+        for lease in leases:
+            if lease.run_id not in renewed:
+                log.info("run %s: lease not renewed: released or taken over", lease.run_id)
+                self.drop(lease)
+
+
+def _drop_connection() -> None:
+    """Discard this thread's database connection (it may be broken); Django opens a new one on next use."""
+    db = connections[DEFAULT_DB_ALIAS]
+    try:
+        db.close()
+    except DatabaseError:  # closing a broken connection can fail too; it is gone either way
+        db.connection = None

@@ -1,0 +1,271 @@
+"""N threads in one process, each claiming and working runs exactly as separate worker processes do.
+
+Each thread has its own database connection (Django's connections are per thread) and claims with SKIP LOCKED,
+so two threads never hold one run, by the same fencing that keeps two hosts apart. The threads share one
+heartbeat (one renewal statement per beat for every lease in hand), one budget (`--limit`), one deadline
+(`--max-seconds`), and one stop flag: once it is set, no thread claims again, and each hands its run back after
+the step in hand. Idle threads wait on the waker (a notification, a timer for the next wake time, or the poll
+interval), so the process holds no connection busy while nothing is due.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError, DataError, IntegrityError, connections
+
+from durableruns import conf, store, testing
+from durableruns.clock import Clock
+from durableruns.engine import Engine, RunOutcome
+from durableruns.errors import FencedOut
+from durableruns.models import RunStatus
+from durableruns.registry import first_steps
+from durableruns.worker.heartbeat import Heartbeat
+
+log = logging.getLogger("durableruns")
+
+
+class Stopping:
+    """Set once, by a signal or a deadline: no new claim, hand back after the step in hand."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.since: float | None = None  # time.monotonic() of the request
+        self._then: list[Callable[[], None]] = []
+
+    def then(self, call: Callable[[], None]) -> None:
+        """Call `call` when the stop is requested (an idle waker must notice at once)."""
+        self._then.append(call)
+
+    def set(self) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+        self._event.set()
+        for call in self._then:
+            call()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._event.wait(timeout)
+
+
+class Waker:
+    """Where idle threads wait for work: woken at once by `wake()` (a notification), else after `timeout`."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._generation = 0
+
+    def wake(self) -> None:
+        with self._condition:
+            self._generation += 1
+            self._condition.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        with self._condition:
+            seen = self._generation
+            self._condition.wait_for(lambda: self._generation != seen, timeout=timeout)
+
+
+@dataclass
+class Budget:
+    """How many runs the pool may still take (None: as many as are due)."""
+
+    left: int | None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.left is None:
+                return True
+            if self.left <= 0:
+                return False
+            self.left -= 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            if self.left is not None:
+                self.left += 1
+
+
+@dataclass(kw_only=True)
+class PassReport:
+    """What a pool did: an outcome per run handled, what crashed, and which thread holds what."""
+
+    outcomes: list[RunOutcome] = field(default_factory=list)
+    crashed: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def steps_run(self) -> int:
+        return sum(o.steps_run for o in self.outcomes)
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for o in self.outcomes:
+            counts[o.status] = counts.get(o.status, 0) + 1
+        return counts
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts().items())) or "nothing due"
+        crashed = f", {len(self.crashed)} raised" if self.crashed else ""
+        return (f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
+                f"{self.steps_run} step(s) run")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InHand:
+    """A run a thread is working now, for the operator: which thread, since when (this process's clock)."""
+
+    run_id: str
+    thread: str
+    since: float
+
+
+class WorkerPool:
+    """Work due runs with `concurrency` threads until nothing is due (or, with `waker`, until stopped)."""
+
+    def __init__(self, *, concurrency: int, owner: str, lease_seconds: float, clock: Clock, heartbeat: Heartbeat,
+                 report: PassReport, budget: Budget, run_id: str | None = None, deadline: float | None = None,
+                 stopping: Stopping | None = None, waker: Waker | None = None, idle_seconds: float = 5.0,
+                 on_outcome: Callable[[RunOutcome], None] | None = None) -> None:
+        self.concurrency = concurrency
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self.clock = clock
+        self.heartbeat = heartbeat
+        self.report = report
+        self.budget = budget
+        self.run_id = run_id
+        self.deadline = deadline
+        self.stopping = stopping or Stopping()
+        self.waker = waker
+        self.idle_seconds = idle_seconds
+        self.on_outcome = on_outcome
+        self.error: DatabaseError | None = None
+        if waker is not None:
+            self.stopping.then(waker.wake)
+        self._in_hand: dict[str, InHand] = {}
+        self._lock = threading.Lock()
+
+    def in_hand(self) -> list[InHand]:
+        with self._lock:
+            return list(self._in_hand.values())
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    def run(self, *, grace: float | None = None) -> None:
+        """Work until done; with several threads, wait for them (at most `grace` seconds once stopping).
+
+        A database that cannot be reached, met by any thread, stops every thread and is raised here."""
+        if self.concurrency == 1:
+            self._thread_main(self.owner, own_connection=False)
+        else:
+            threads = [threading.Thread(target=self._thread_main, args=(f"{self.owner}#{n}",), daemon=True,
+                                        name=f"durableruns-worker-{n}") for n in range(1, self.concurrency + 1)]
+            for thread in threads:
+                thread.start()
+            # Joined in slices: the main thread stays free for signals, and gives up on threads whose step
+            # outlives the grace period (the record is safe either way: each fact is its own commit).
+            while any(thread.is_alive() for thread in threads):
+                for thread in threads:
+                    thread.join(0.05)
+                since = self.stopping.since
+                if grace is not None and since is not None and time.monotonic() - since >= grace:
+                    log.warning("stopping: %d thread(s) still in a step after the %gs grace period; leaving them",
+                                sum(t.is_alive() for t in threads), grace)
+                    break
+        if self.error is not None:
+            raise self.error
+
+    def _thread_main(self, owner: str, *, own_connection: bool = True) -> None:
+        engine = Engine(self.clock, heartbeat=self.heartbeat, stopping=self.stopping.is_set)
+        try:
+            while not self.stopping.is_set() and self.error is None:
+                worked, exhausted = self._work_due(engine, owner)
+                if exhausted or self.waker is None or self.run_id is not None or self._past_deadline():
+                    break
+                if not worked:
+                    self.waker.wait(self._idle_timeout())
+        except DatabaseError as exc:
+            self.error = exc
+            self.stopping.set()
+        finally:
+            if own_connection:
+                connections.close_all()  # this thread's own
+
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _idle_timeout(self) -> float:
+        timeout = self.idle_seconds
+        if self.deadline is not None:
+            timeout = max(0.0, min(timeout, self.deadline - time.monotonic()))
+        return timeout
+
+    def _work_due(self, engine: Engine, owner: str) -> tuple[bool, bool]:
+        """Claim and work runs until none is due; return whether any was, and whether the budget ran out."""
+        worked = False
+        while not self.stopping.is_set() and not self._past_deadline():
+            if not self.budget.take():
+                return worked, True
+            claimed = store.claim(owner=owner, lease_seconds=self.lease_seconds, clock=self.clock,
+                                  run_id=self.run_id, first_steps=first_steps(),
+                                  before_first_intent=_before_first_intent())
+            if claimed is None:
+                self.budget.give_back()
+                break
+            worked = True
+            run_id = claimed.lease.run_id
+            with self._lock:
+                self._in_hand[threading.current_thread().name] = InHand(
+                    run_id=run_id, thread=owner, since=time.monotonic())
+            try:
+                outcome = engine.work(claimed)
+            except (DataError, IntegrityError) as exc:  # this run's data, not the database's health
+                self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock)))
+                continue
+            except DatabaseError:
+                raise
+            except Exception as exc:  # a bug, not a step's failure: record it, keep the others going
+                self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock)))
+                continue
+            finally:
+                with self._lock:
+                    self._in_hand.pop(threading.current_thread().name, None)
+            self.report.outcomes.append(outcome)
+            if self.on_outcome is not None:
+                self.on_outcome(outcome)
+            if self.run_id is not None:
+                break
+        return worked, False
+
+
+def _before_first_intent() -> Callable[[str], None] | None:
+    """The fault-injection point before a first intent that rides on the claim; None (no hook) unless armed."""
+    if not testing.armed():
+        return None
+    return lambda step: testing.reached("before_intent", step)
+
+
+def set_aside(lease: store.Lease, exc: Exception, clock: Clock) -> str:
+    """Record why a run's pass raised and release it for a backoff, fenced on its epoch (a run another worker
+    took meanwhile is left to it); return the error as the operator sees it."""
+    error = f"{type(exc).__name__}: {exc}".strip()
+    log.error("run %s: durableruns raised while working it: %s", lease.run_id, error, exc_info=exc)
+    try:
+        store.release(lease, status=RunStatus.WAITING, clock=clock,
+                      wake_at=clock.now() + conf.internal_error_backoff(),
+                      reason=f"durableruns raised while working this run ({error}); trying again after a backoff")
+    except FencedOut:
+        pass
+    except DatabaseError as again:  # the lease runs out on its own and the run is taken again then
+        log.error("run %s: could not record the error: %s", lease.run_id, again)
+    return error
