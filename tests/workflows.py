@@ -125,3 +125,19 @@ def hold(ctx: Any) -> dict[str, Any]:
     systems().email.send(to="ops@test", subject=f"{ctx.run_id}:hold", body=f"attempt {ctx.attempt}")
     time.sleep(float(os.environ.get("TEST_HOLD_SECONDS", 4)))
     return {"attempt": ctx.attempt}
+
+
+# Two steps that wait as a far call would (input "nap" seconds each): what a worker pool overlaps.
+pool_napping = Workflow("pool_napping")
+
+
+@pool_napping.step(policy="re_executable")
+def nap(ctx: Any) -> dict[str, Any]:
+    time.sleep(float(ctx.input.get("nap", 0.5)))
+    return {"napped": True}
+
+
+@pool_napping.step(policy="re_executable")
+def after_nap(ctx: Any) -> dict[str, Any]:
+    time.sleep(float(ctx.input.get("nap", 0.5)))
+    return {}

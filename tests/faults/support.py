@@ -130,13 +130,16 @@ def spawn(workers: Workers, folder: Path, name: str, *args: str, **env: str) -> 
     return Worker(proc=proc, out=out, err=err)
 
 
-def settle(workers: Workers, run_ids: list[str], env: dict[str, str], *, folder: Path, timeout: float = 90) -> str:
-    """Run one resume_runs --loop worker until no run is pending, running or waiting; stop it with SIGTERM.
+def settle(workers: Workers, run_ids: list[str], env: dict[str, str], *, folder: Path, timeout: float = 90,
+           concurrency: int = 1) -> str:
+    """Run one resume_runs --loop worker (`concurrency` threads) until no run is pending, running or waiting;
+    stop it with SIGTERM.
 
     Returns what it printed. It must exit 0 without a traceback: waiting and needs_decision are outcomes.
     """
     name = f"resumer-{len(workers.procs)}"
-    worker = spawn(workers, folder, name, "--loop", "--interval", "0.1", "--lease", "1", "-v", "2", **env)
+    worker = spawn(workers, folder, name, "--loop", "--interval", "0.1", "--lease", "1", "-v", "2",
+                   "--concurrency", str(concurrency), **env)
     # SIGTERM ends --loop cleanly only once the command has installed its handler: its first summary says so.
     wait_until(lambda: worker.out.stat().st_size > 0 or worker.proc.poll() is not None, timeout=30,
                what="the resumer's first pass")

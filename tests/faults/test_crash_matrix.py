@@ -109,9 +109,10 @@ def outbox(far: FarSystems, run_n: int) -> list[dict[str, Any]]:
     return [e for e in far.email.effects() if e["payload"]["subject"] == subject]
 
 
+@pytest.mark.parametrize("concurrency", [1, 8], ids=["1-thread", "8-threads"])
 @pytest.mark.parametrize("step", list(POINTS), ids=[f"{POLICY[s]}-{s}" for s in POINTS])
 def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
-    step: str, far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
+    step: str, concurrency: int, far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
 ) -> None:
     base = 100 + 10 * list(POINTS).index(step)
     cases = [Case(n=base + i, step=step, point=point) for i, point in enumerate(POINTS[step])]
@@ -123,6 +124,7 @@ def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
     # 1. One worker per run, all at once, each armed to die at its point.
     crashers = {
         case: workers.start("--run", case.run_id, "--lease", "1", "--worker", f"doomed-{case.point}",
+                            "--concurrency", str(concurrency),
                             DURABLERUNS_CRASH_AT=f"{case.step}@{case.point}", **env)
         for case in cases
     }
@@ -141,7 +143,7 @@ def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
             assert len(effects) == int(case.effect_happened), f"{case}: {effects}"
 
     # 3. Resume until every run completed or waits for a person.
-    settle(workers, [c.run_id for c in cases], env, folder=tmp_path)
+    settle(workers, [c.run_id for c in cases], env, folder=tmp_path, concurrency=concurrency)
     for case in cases:
         run = RunState.objects.get(pk=case.run_id)
         if case.in_doubt == "notify_buyer":
@@ -164,7 +166,7 @@ def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
             durableruns.decide(escalation.run_id, "notify_buyer", "did_not_happen", by="alice",
                                note="no message in the outbox")
     if Intervention.objects.exists():
-        settle(workers, [c.run_id for c in cases], env, folder=tmp_path)
+        settle(workers, [c.run_id for c in cases], env, folder=tmp_path, concurrency=concurrency)
 
     # 5. Nothing lost, nothing twice, and each in-doubt step settled exactly as its policy prescribes.
     for case in cases:
@@ -195,5 +197,5 @@ def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
     assert duplicates(far) == {}
     assert far.email.count() == len(cases)
     assert Escalation.objects.open().count() == 0
-    fault_report("crash matrix", {"cases": len(cases), "kills": len(crashers), "runs": len(cases),
+    fault_report(f"crash matrix with {concurrency} thread(s) per worker", {"cases": len(cases), "kills": len(crashers), "runs": len(cases),
                                   "effects": total_effects(far), "duplicates": sum(map(len, duplicates(far).values()))})

@@ -49,8 +49,9 @@ def active() -> int:
     return RunState.objects.filter(status__in=ACTIVE).count()
 
 
+@pytest.mark.parametrize("concurrency", [1, 8], ids=["1-thread", "8-threads"])
 def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
-    far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
+    concurrency: int, far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
 ) -> None:
     run_ids = [start_purchase(f"PO-soak-{i:03d}", 1000 + i, lines=LINES) for i in range(RUNS)]
     rng = random.Random(20260808)
@@ -61,13 +62,13 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
         generation += 1
         # -v 2: idle passes print their summary too, which is how the test knows the worker is up
         return spawn(workers, tmp_path, f"soak-{slot}-{generation}", "--loop", "--interval", "0.1",
-                     "--lease", "1", "-v", "2", **SOAK_ENV)
+                     "--lease", "1", "-v", "2", "--concurrency", str(concurrency), **SOAK_ENV)
 
     slots = {"A": launch("A"), "B": launch("B")}
     kills = 0
     began = time.monotonic()
     while active() and time.monotonic() - began < KILLING_FOR:
-        time.sleep(rng.uniform(0.2, 1.5))
+        time.sleep(rng.uniform(0.2, 1.5) / (3 if concurrency > 1 else 1))  # 8 threads drain 3 times sooner
         slot = rng.choice(sorted(slots))
         victim = slots[slot].proc
         if victim.poll() is None:
@@ -129,7 +130,7 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
     left_in_doubt = RunStep.objects.filter(status="started").count()
     by_lookup = RunStep.objects.filter(resolution="lookup").count()
     assert kills >= 10 and left_in_doubt + by_lookup > 0
-    fault_report("soak", {"runs": RUNS, "kills": kills, "effects": total_effects(far),
+    fault_report(f"soak with {concurrency} thread(s) per worker", {"runs": RUNS, "kills": kills, "effects": total_effects(far),
                           "duplicates": sum(map(len, duplicates(far).values())),
                           "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
                           "escalated": len(waiting)})

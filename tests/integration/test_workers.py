@@ -41,10 +41,12 @@ def test_two_workers_racing_never_execute_a_step_twice(far, workers):
     assert owners <= {"w1", "w2"}
 
 
-def test_a_worker_paused_past_its_lease_has_its_writes_refused(far, workers, tmp_path):
+@pytest.mark.parametrize("concurrency", ["1", "8"])
+def test_a_worker_paused_past_its_lease_has_its_writes_refused(far, workers, tmp_path, concurrency):
     run_id = make_run("order")
     mark = tmp_path / "at-line-15"
-    paused = workers.start("--lease", "1", "--worker", "paused", TEST_MARK_AT_LINE_15=str(mark), **FAST)
+    paused = workers.start("--lease", "1", "--worker", "paused", "--concurrency", concurrency,
+                           TEST_MARK_AT_LINE_15=str(mark), **FAST)
     wait_until(mark.exists, what="the worker to reach line 15 of prepare")
     paused.send_signal(signal.SIGSTOP)
     time.sleep(1.5)  # past the lease; its heartbeat is frozen too
