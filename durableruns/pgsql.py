@@ -81,11 +81,20 @@ SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, now() + %(shift)
   FROM fence
 """
 
+# The channel on which whatever makes a run due wakes idle workers (durableruns.worker.listener); a notification
+# is delivered when its transaction commits, never for a rollback.
+WAKE_CHANNEL = "durableruns_due"
+WAKE = f"SELECT pg_notify('{WAKE_CHANNEL}', '')"
+
+# The insert wakes idle workers in the same statement.
 _CREATE_RUN = """
-INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, lease_expires_at, wake_at,
-                       reason, input, created_at, updated_at)
-VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb, now(),
-        now())
+WITH created AS (
+  INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, lease_expires_at,
+                         wake_at, reason, input, created_at, updated_at)
+  VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb, now(),
+          now())
+  RETURNING run_id)
+SELECT pg_notify('""" + WAKE_CHANNEL + """', '') FROM created
 """
 
 _RECORD_INTENT = """
@@ -293,6 +302,12 @@ def claim(*, owner: str, times: Times, first_steps: str,
                 raw.execute("ROLLBACK")
             raise
     return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
+
+
+def wake_workers() -> None:
+    """Notify idle workers from the current transaction (on its commit) or, in autocommit, at once."""
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute(WAKE)
 
 
 def create_run(*, run: str, workflow: str, fingerprint: str, input: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from durableruns import conf, store
 from durableruns.boundary import Boundary, compute_boundary
-from durableruns.clock import Clock
+from durableruns.clock import Clock, on_postgresql
 from durableruns.engine import RunOutcome
 from durableruns.errors import (
     EscalationNotFound,
@@ -27,6 +27,7 @@ from durableruns.models import Escalation, Intervention, RunState, RunStatus, Ru
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
 from durableruns.registry import get_workflow
 from durableruns.worker.heartbeat import Heartbeat
+from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
 
 def default_owner() -> str:
@@ -114,6 +115,8 @@ def resume_due(
     waker: Waker | None = None,
     idle_seconds: float = 5.0,
     grace: float | None = None,
+    listen: bool = False,
+    on_start: Callable[[str], None] | None = None,
 ) -> PassReport:
     """Claim due runs and work them, with `concurrency` threads, until none is due (or, given a `waker`, until
     `stopping` is set or `max_seconds` pass); safe to run from any number of hosts at once, whatever their
@@ -123,20 +126,37 @@ def resume_due(
     recorded as the run's reason and the run waits out a backoff, while the others go on. A database that cannot
     be reached stops the pass (raised to the caller): nothing is half recorded, since every fact is its own
     transaction, and the next pass picks up from the record.
+
+    With a `waker` and `listen` on PostgreSQL, idle threads are woken by notifications (a new run, a decision)
+    and by a timer for the next wake time or lease expiry, polling every `idle_seconds` as the safety net;
+    `on_start` is told how the process picks work up.
     """
     clock = clock or store.DATABASE
     report = PassReport()
     began = time.monotonic()
-    with Heartbeat(clock) as heartbeat:
-        pool = WorkerPool(
-            concurrency=concurrency, owner=owner or default_owner(), clock=clock, heartbeat=heartbeat,
-            lease_seconds=conf.lease_seconds() if lease_seconds is None else lease_seconds, report=report,
-            budget=Budget(limit), run_id=run_id, deadline=None if max_seconds is None else began + max_seconds,
-            stopping=stopping, waker=waker, idle_seconds=idle_seconds, on_outcome=on_outcome)
-        try:
-            pool.run(grace=grace)
-        finally:
-            report.seconds = time.monotonic() - began
+    listener = Listener(waker).start() if waker is not None and listen and on_postgresql() else None
+    if on_start is not None:
+        pickup = f"polling every {idle_seconds:g}s"
+        if listener is not None:
+            listener.listening.wait(2.0)
+            pickup = f"{listener.state}, polling every {idle_seconds:g}s as a fallback"
+        on_start(f"{concurrency} thread(s); {pickup}")
+    try:
+        with Heartbeat(clock) as heartbeat:
+            pool = WorkerPool(
+                concurrency=concurrency, owner=owner or default_owner(), clock=clock, heartbeat=heartbeat,
+                lease_seconds=conf.lease_seconds() if lease_seconds is None else lease_seconds, report=report,
+                budget=Budget(limit), run_id=run_id, deadline=None if max_seconds is None else began + max_seconds,
+                stopping=stopping, waker=waker, idle_seconds=idle_seconds, on_outcome=on_outcome,
+                timer=seconds_until_next_due if waker is not None and on_postgresql() else None)
+            try:
+                pool.run(grace=grace)
+            finally:
+                report.seconds = time.monotonic() - began
+    finally:
+        if listener is not None:
+            report.pickup = listener.state
+            listener.stop()
     return report
 
 

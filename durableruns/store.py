@@ -120,6 +120,12 @@ def storable(text: str, *, limit: int = TEXT_LIMIT) -> str:
     return text
 
 
+def _wake_workers() -> None:
+    """Wake idle workers when this transaction commits (PostgreSQL; elsewhere they poll)."""
+    if connection.vendor == "postgresql":
+        pgsql.wake_workers()
+
+
 def _fast() -> bool:
     """Use the one-statement PostgreSQL path; a statement outside any transaction is its own commit."""
     db = connections[DEFAULT_DB_ALIAS]  # one lookup of this thread's connection, not one per attribute
@@ -216,6 +222,7 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
         if connection.in_atomic_block:
             with transaction.atomic():
                 RunState.objects.create(**fields)
+                _wake_workers()  # on the caller's commit: a run rolled back wakes nobody
         elif _fast():
             pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
                              input=to_json(input, what="the input"))
@@ -426,6 +433,8 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
         )
         if not moved:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        if status in (RunStatus.PENDING, RunStatus.WAITING):  # due now, or at a time idle workers must learn
+            _wake_workers()
 
 
 def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime | None,
@@ -492,6 +501,8 @@ def record_decision(
             else:
                 run_fields.update(status=RunStatus.CANCELLED, reason=f"abandoned by {decided_by}: {note}")
             RunState.objects.filter(pk=escalation.run_id).update(**run_fields)
+            if run_fields["status"] == RunStatus.PENDING:
+                _wake_workers()
             return decision
     except IntegrityError:
         first = Intervention.objects.select_related(None).get(escalation_id=escalation_id)
@@ -539,6 +550,8 @@ def record_staff_action(
             status=new_status, epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None, updated_at=now,
             reason=f"{action} by {decided_by}: {note}",
         )
+        if new_status == RunStatus.PENDING:
+            _wake_workers()
         fields: dict[str, Any] = {"run_id": run_id, "step": step, "attempt": attempt, "action": action,
                                   "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": note}
         if pending is not None:

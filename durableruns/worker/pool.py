@@ -102,6 +102,7 @@ class PassReport:
     outcomes: list[RunOutcome] = field(default_factory=list)
     crashed: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    pickup: str = ""  # how idle threads were woken at the end: the listener's state, or polling
 
     @property
     def steps_run(self) -> int:
@@ -116,8 +117,9 @@ class PassReport:
     def summary(self) -> str:
         counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts().items())) or "nothing due"
         crashed = f", {len(self.crashed)} raised" if self.crashed else ""
+        pickup = f"; {self.pickup}" if self.pickup else ""
         return (f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
-                f"{self.steps_run} step(s) run")
+                f"{self.steps_run} step(s) run{pickup}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +137,7 @@ class WorkerPool:
     def __init__(self, *, concurrency: int, owner: str, lease_seconds: float, clock: Clock, heartbeat: Heartbeat,
                  report: PassReport, budget: Budget, run_id: str | None = None, deadline: float | None = None,
                  stopping: Stopping | None = None, waker: Waker | None = None, idle_seconds: float = 5.0,
+                 timer: Callable[[], float | None] | None = None,
                  on_outcome: Callable[[RunOutcome], None] | None = None) -> None:
         self.concurrency = concurrency
         self.owner = owner
@@ -148,6 +151,7 @@ class WorkerPool:
         self.stopping = stopping or Stopping()
         self.waker = waker
         self.idle_seconds = idle_seconds
+        self.timer = timer  # seconds until the next run comes due by itself (a wake time, a lease running out)
         self.on_outcome = on_outcome
         self.error: DatabaseError | None = None
         if waker is not None:
@@ -206,6 +210,9 @@ class WorkerPool:
 
     def _idle_timeout(self) -> float:
         timeout = self.idle_seconds
+        due_in = self.timer() if self.timer is not None else None
+        if due_in is not None:  # wake just after it; a run due already but held elsewhere is not spun on
+            timeout = min(timeout, max(due_in, 0.05) + 0.002)
         if self.deadline is not None:
             timeout = max(0.0, min(timeout, self.deadline - time.monotonic()))
         return timeout

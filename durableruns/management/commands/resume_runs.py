@@ -68,13 +68,12 @@ class Command(BaseCommand):
         _on_signals(stopping)
         try:
             self._check_skew(lease)
-            if loop:
-                self.stdout.write(f"{owner}: working with {threads} thread(s), lease {lease:g}s; polling every "
-                                  f"{interval:g}s")
             report = services.resume_due(
                 limit=limit, owner=owner, lease_seconds=lease, run_id=run_id, max_seconds=max_seconds,
                 on_outcome=self._line, concurrency=threads, stopping=stopping, waker=Waker() if loop else None,
-                idle_seconds=interval, grace=conf.shutdown_grace())
+                idle_seconds=interval, grace=conf.shutdown_grace(), listen=loop,
+                on_start=(lambda how: self.stdout.write(f"{owner}: working, lease {lease:g}s, {how}")) if loop
+                else None)
         except DatabaseError as exc:
             raise _stopped(exc) from exc
         for run, error in report.crashed:

@@ -1,0 +1,105 @@
+"""Pick-up in milliseconds on PostgreSQL: idle workers are woken by what makes a run due, not by their next poll.
+
+Each worker here polls only every 30 s, so a run worked within the tests' waits was picked up by a notification
+or by the timer for the next wake time, never by polling.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection, transaction
+
+import durableruns
+from durableruns.models import Escalation, RunState, RunStatus
+from durableruns.worker.listener import Listener
+from durableruns.worker.pool import Waker
+from tests.conftest import wait_until
+from tests.factories import complete, crash_after_intent, make_run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+SLOW_POLL = ("--loop", "--interval", "30", "--concurrency", "2")
+
+
+def status(run_id: str) -> str:
+    return RunState.objects.get(pk=run_id).status
+
+
+def admin_connection() -> psycopg.Connection:
+    db = settings.DATABASES["default"]
+    return psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"] or "postgres",
+                           dbname=connection.settings_dict["NAME"], autocommit=True)
+
+
+def started(worker) -> None:
+    wait_until(lambda: any(row for row in admin_connection().execute(
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN durableruns_due'")),
+        what="the worker to listen")
+
+
+def test_a_new_run_and_a_decision_are_picked_up_by_an_idle_worker_at_once(workers):
+    decided = make_run()
+    complete(decided, "first", {})
+    complete(decided, "second", {})
+    crash_after_intent(decided, "third", cursor=2)  # the worker's first look escalates it
+    worker = workers.start(*SLOW_POLL)
+    started(worker)
+    wait_until(lambda: Escalation.objects.filter(run_id=decided).exists(), timeout=10, what="the escalation")
+    run_id = durableruns.start("scripted", {})
+    wait_until(lambda: status(run_id) == RunStatus.COMPLETED, timeout=10, what="the new run to be worked")
+    durableruns.decide(decided, "third", "happened", by="alice", note="it is in the outbox", result={"ok": 1})
+    wait_until(lambda: status(decided) == RunStatus.COMPLETED, timeout=10, what="the decided run to finish")
+    worker.terminate()
+    out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert "listening on durableruns_due" in out  # the first line and the summary say how work is picked up
+
+
+def test_a_wake_time_coming_due_wakes_the_idle_worker(far, workers):
+    run_id = make_run("order")
+    complete(run_id, "prepare", {"total": 10, "lines": 60})
+    crash_after_intent(run_id, "charge", cursor=1)
+    # Not found at the payment provider, and absence provable only 3.2 s after the attempt: the run waits, and
+    # the worker's timer for that wake time, not its 30 s poll, brings it back.
+    worker = workers.start(*SLOW_POLL, TEST_LOOKUP_LAG="3", TEST_STEP_TIMEOUT="0.2")
+    wait_until(lambda: status(run_id) == RunStatus.WAITING, timeout=10, what="the run to wait out the lag")
+    wait_until(lambda: status(run_id) == RunStatus.COMPLETED, timeout=12, what="the wake time to be met")
+    assert far.payments.count() == 1
+    worker.terminate()
+    worker.communicate(timeout=30)
+
+
+def test_a_run_started_in_a_transaction_that_rolls_back_wakes_nobody():
+    waker = Waker()
+    listener = Listener(waker).start()
+    try:
+        assert listener.listening.wait(5)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            durableruns.start("scripted", {})
+            raise RuntimeError("the caller's own write failed")
+        time.sleep(0.5)
+        assert listener.notifications == 0 and not RunState.objects.exists()
+        with transaction.atomic():
+            durableruns.start("scripted", {})
+        wait_until(lambda: listener.notifications == 1, timeout=5, what="the committed run's notification")
+    finally:
+        listener.stop()
+
+
+def test_a_lost_listener_falls_back_to_polling_says_so_once_and_listens_again(workers):
+    worker = workers.start("--loop", "--interval", "0.3", "--concurrency", "1")
+    started(worker)
+    with admin_connection() as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                      "AND query = 'LISTEN durableruns_due'")
+    run_id = durableruns.start("scripted", {})  # while nobody listens: polling picks it up
+    wait_until(lambda: status(run_id) == RunStatus.COMPLETED, timeout=10, what="the run to be polled up")
+    started(worker)  # listening again
+    worker.terminate()
+    out, err = worker.communicate(timeout=30)
+    assert err.count("listener lost") == 1, err
+    assert "listening on durableruns_due again" in err, err
