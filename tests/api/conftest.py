@@ -4,8 +4,8 @@ in the states the endpoints render (an open escalation, a completed run)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -27,8 +27,11 @@ def fast_passwords(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+READ = ("view_runstate", "view_escalation")
+
+
 def user_with(username: str, *perms: str) -> User:
-    """A staff member holding exactly `perms` ("start_run", "decide_escalation")."""
+    """A staff member holding exactly `perms` ("view_runstate", "start_run", "decide_escalation", ...)."""
     user = User.objects.create_user(username=username, password="pw-" + username)
     for codename in perms:
         user.user_permissions.add(Permission.objects.get(content_type__app_label="durableruns", codename=codename))
@@ -36,18 +39,30 @@ def user_with(username: str, *perms: str) -> User:
 
 
 @pytest.fixture
+def outsider() -> User:
+    """Signed in, holding none of the app's permissions."""
+    return user_with("outsider")
+
+
+@pytest.fixture
 def reader() -> User:
-    return user_with("reader")
+    return user_with("reader", *READ)
 
 
 @pytest.fixture
 def starter() -> User:
-    return user_with("starter", "start_run")
+    return user_with("starter", *READ, "start_run")
 
 
 @pytest.fixture
 def decider() -> User:
-    return user_with("decider", "decide_escalation")
+    return user_with("decider", *READ, "decide_escalation")
+
+
+@pytest.fixture
+def operator() -> User:
+    """May cancel and retry runs."""
+    return user_with("operator", *READ, "cancel_run", "retry_run")
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ OPERATIONS = {
     ("GET", "/api/runs/{run_id}/"),
     ("GET", "/api/escalations/"),
     ("POST", "/api/escalations/{id}/decide/"),
+    ("POST", "/api/runs/{run_id}/cancel/"),
+    ("POST", "/api/runs/{run_id}/retry/"),
 }
 EXAMPLES = 50  # per operation and pass: about 550 requests
 # Its only input is a free-form string in the path: every value is valid, so there is no invalid request to make.
@@ -41,6 +43,15 @@ def test_the_schema_is_served_to_signed_in_callers_and_names_every_operation(ano
     start = schema["components"]["schemas"]["StartRun"]
     assert start["required"] == ["input", "workflow"] and start["properties"]["input"]["type"] == "object"
     assert {"cookieAuth", "tokenAuth"} <= set(schema["components"]["securitySchemes"])
+    # the two status vocabularies are named by the app, not by the site's ENUM_NAME_OVERRIDES
+    components = schema["components"]["schemas"]
+    assert components["Run"]["properties"]["status"]["allOf"][0]["$ref"].endswith("/RunStatusEnum")
+    assert components["Attempt"]["properties"]["status"]["allOf"][0]["$ref"].endswith("/StepStatusEnum")
+    assert "needs_decision" in components["RunStatusEnum"]["enum"]
+    # pages are cursors: no count
+    page = components["PaginatedRunList"]["properties"]
+    assert set(page) == {"next", "previous", "results"}
+    assert schema["info"]["title"] == "durableruns API"
     # the workflows this deploy runs are listed, read from the registry when the schema is served
     [ref] = start["properties"]["workflow"]["allOf"]  # drf-spectacular moves enums into components
     workflow = schema["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
