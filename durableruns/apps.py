@@ -18,8 +18,11 @@ class DurableRunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from durableruns import checks  # noqa: F401  (registers the checks)
-        from durableruns import sqlite, testing
+        from durableruns import (
+            checks,  # noqa: F401  (registers the checks)
+            sqlite,
+            testing,
+        )
 
         testing.arm_from_environment()
         connection_created.connect(sqlite.tune_connection, dispatch_uid="durableruns.sqlite.tune_connection")

@@ -54,10 +54,12 @@ def check_sqlite_options(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
         if "journal_mode=wal" not in str(options.get("init_command", "")).lower().replace(" ", ""):
             missing.append('"init_command": "PRAGMA journal_mode=WAL;"')
         if missing:
-            messages.append(Warning(
-                f"SQLite database {alias!r} is set up neither by durableruns (DURABLERUNS_SQLITE_TUNING is off) "
-                "nor by its OPTIONS: a worker beside the site will stop with 'database is locked'.",
-                hint=f"Add to DATABASES[{alias!r}]['OPTIONS']: {', '.join(missing)}.",
-                id="durableruns.W101",
-            ))
+            messages.append(
+                Warning(
+                    f"SQLite database {alias!r} is set up neither by durableruns (DURABLERUNS_SQLITE_TUNING is off) "
+                    "nor by its OPTIONS: a worker beside the site will stop with 'database is locked'.",
+                    hint=f"Add to DATABASES[{alias!r}]['OPTIONS']: {', '.join(missing)}.",
+                    id="durableruns.W101",
+                )
+            )
     return messages

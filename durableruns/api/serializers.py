@@ -113,8 +113,9 @@ class _NamedEnumExtension(OpenApiSerializerFieldExtension):
             "enum": list(self.choices.values),
             "description": "\n".join(f"* `{value}` - {label}" for value, label in self.choices.choices),
         }
-        component = ResolvedComponent(name=self.component_name, type=ResolvedComponent.SCHEMA,
-                                      object=self.component_name, schema=schema)
+        component = ResolvedComponent(
+            name=self.component_name, type=ResolvedComponent.SCHEMA, object=self.component_name, schema=schema
+        )
         auto_schema.registry.register_on_missing(component)
         return component.ref
 
@@ -162,7 +163,8 @@ class DecisionRequestSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=OUTCOMES)
     note = serializers.CharField(help_text="Why: what was checked, and where. Required.")
     result = StorableJSONField(
-        required=False, allow_null=True,
+        required=False,
+        allow_null=True,
         help_text="With 'happened' only: the step's result to record (any JSON).",
     )
 
@@ -220,8 +222,20 @@ class AttemptSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RunStep
-        fields = ["step", "attempt", "status", "effect_key", "started_at", "finished_at", "owner", "epoch",
-                  "error", "result", "loop_cursor", "resolution"]
+        fields = [
+            "step",
+            "attempt",
+            "status",
+            "effect_key",
+            "started_at",
+            "finished_at",
+            "owner",
+            "epoch",
+            "error",
+            "result",
+            "loop_cursor",
+            "resolution",
+        ]
         read_only_fields = fields
 
 
@@ -236,8 +250,20 @@ class EscalationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Escalation
-        fields = ["id", "run_id", "workflow", "step", "attempt", "effect_key", "in_doubt_since", "opened_at",
-                  "reason", "sentence", "doc", "decision"]
+        fields = [
+            "id",
+            "run_id",
+            "workflow",
+            "step",
+            "attempt",
+            "effect_key",
+            "in_doubt_since",
+            "opened_at",
+            "reason",
+            "sentence",
+            "doc",
+            "decision",
+        ]
         read_only_fields = fields
 
     def get_sentence(self, escalation: Escalation) -> str:
@@ -265,8 +291,19 @@ class RunSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RunState
-        fields = ["run_id", "workflow", "status", "sentence", "cursor", "owner", "lease_expires_at", "wake_at",
-                  "reason", "created_at", "updated_at"]
+        fields = [
+            "run_id",
+            "workflow",
+            "status",
+            "sentence",
+            "cursor",
+            "owner",
+            "lease_expires_at",
+            "wake_at",
+            "reason",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = fields
 
     def get_sentence(self, run: RunState) -> str:
@@ -299,8 +336,7 @@ class RunDetailSerializer(RunSerializer):
     input = JSONObjectField(read_only=True)
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "epoch", "input", "boundary", "escalations", "interventions",
-                  "attempts"]
+        fields = [*RunSerializer.Meta.fields, "epoch", "input", "boundary", "escalations", "interventions", "attempts"]
         read_only_fields = fields
 
     @extend_schema_field(BoundarySerializer)
@@ -311,15 +347,18 @@ class RunDetailSerializer(RunSerializer):
             zone = b.zone(step)
             latest = b.latest.get(step)
             policy = services.step_policy(run, step)
-            plan.append({
-                "step": step,
-                "zone": zone.value,
-                "since": latest.started_at if zone is Zone.IN_DOUBT and latest else None,
-                "attempt": latest.attempt if latest else None,
-                "policy": policy.value if policy else None,
-            })
-        return BoundarySerializer({"plan": plan, "done": b.done, "in_doubt": b.in_doubt, "failed": b.failed,
-                                   "remainder": b.remainder}).data
+            plan.append(
+                {
+                    "step": step,
+                    "zone": zone.value,
+                    "since": latest.started_at if zone is Zone.IN_DOUBT and latest else None,
+                    "attempt": latest.attempt if latest else None,
+                    "policy": policy.value if policy else None,
+                }
+            )
+        return BoundarySerializer(
+            {"plan": plan, "done": b.done, "in_doubt": b.in_doubt, "failed": b.failed, "remainder": b.remainder}
+        ).data
 
 
 class ErrorSerializer(serializers.Serializer):

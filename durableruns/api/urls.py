@@ -39,9 +39,12 @@ class AppSchemaGenerator(SchemaGenerator):
 
     def _initialise_endpoints(self) -> None:
         super()._initialise_endpoints()
-        self.endpoints = [endpoint for endpoint in self.endpoints
-                          if getattr(endpoint[3], "cls", None) is not None
-                          and endpoint[3].cls.__module__.startswith("durableruns.api.")]
+        self.endpoints = [
+            endpoint
+            for endpoint in self.endpoints
+            if getattr(endpoint[3], "cls", None) is not None
+            and endpoint[3].cls.__module__.startswith("durableruns.api.")
+        ]
 
 
 @extend_schema(exclude=True)

@@ -225,15 +225,20 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
         run_id = services.start_run(data["workflow"], data["input"], run_id=data.get("run_id"))
         run = runs_in_full().get(pk=run_id)
         location = reverse("durableruns-api:run-detail", kwargs={"run_id": run_id})
-        return Response(s.RunDetailSerializer(run).data, status=status.HTTP_201_CREATED,
-                        headers={"Location": location})
+        return Response(s.RunDetailSerializer(run).data, status=status.HTTP_201_CREATED, headers={"Location": location})
 
 
 @document(
     get=dict(
         summary="A run in full: boundary, sentence, attempts, escalations, interventions",
-        parameters=[OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH,
-                                     description="The run's id (may contain ':', '-', '/').")],
+        parameters=[
+            OpenApiParameter(
+                "run_id",
+                OpenApiTypes.STR,
+                OpenApiParameter.PATH,
+                description="The run's id (may contain ':', '-', '/').",
+            )
+        ],
         responses={
             200: s.RunDetailSerializer,
             401: NOT_AUTHENTICATED,
@@ -264,8 +269,7 @@ class RunDetail(DurableRunsAPIView, generics.RetrieveAPIView):
     get=dict(
         summary="List escalations: open ones, oldest first, by default",
         parameters=[s.EscalationFilterSerializer],
-        responses={200: s.EscalationSerializer(many=True), 400: BAD_QUERY, 401: NOT_AUTHENTICATED,
-                   403: NOT_ALLOWED},
+        responses={200: s.EscalationSerializer(many=True), 400: BAD_QUERY, 401: NOT_AUTHENTICATED, 403: NOT_ALLOWED},
     ),
 )
 class EscalationList(DurableRunsAPIView, generics.ListAPIView):
@@ -325,8 +329,7 @@ class DecideEscalation(DurableRunsAPIView):
 
     def post(self, request: Request, id: int) -> Response:
         data = parse(s.DecisionRequestSerializer, request.data)
-        services.resolve_escalation(id, data["outcome"], by=request.user, note=data["note"],
-                                    result=data.get("result"))
+        services.resolve_escalation(id, data["outcome"], by=request.user, note=data["note"], result=data.get("result"))
         escalation = escalations_in_full().get(pk=id)
         return Response(s.EscalationSerializer(escalation).data)
 
@@ -337,8 +340,9 @@ def _staff_act(summary: str, needs: str, refusals: str) -> Any:
             summary=summary,
             description=f"Needs {needs}. Recorded as an intervention with who, when and the note.",
             request=s.StaffNoteSerializer,
-            parameters=[OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH,
-                                         description="The run's id.")],
+            parameters=[
+                OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The run's id.")
+            ],
             responses={
                 200: s.RunDetailSerializer,
                 400: BAD_REQUEST,
@@ -376,8 +380,7 @@ class _StaffAct(RunDetail):
         return Response(s.RunDetailSerializer(runs_in_full().get(pk=run_id)).data)
 
 
-@_staff_act("Cancel a run for good", "durableruns.cancel_run",
-            "The run has finished already (run_not_actionable).")
+@_staff_act("Cancel a run for good", "durableruns.cancel_run", "The run has finished already (run_not_actionable).")
 class CancelRun(_StaffAct):
     """POST cancels a run (durableruns.cancel_run); a worker holding it is fenced out."""
 
@@ -388,8 +391,7 @@ class CancelRun(_StaffAct):
         services.cancel_run(run_id, by=by, note=note)
 
 
-@_staff_act("Retry a failed run", "durableruns.retry_run",
-            "Only a failed run can be retried (run_not_actionable).")
+@_staff_act("Retry a failed run", "durableruns.retry_run", "Only a failed run can be retried (run_not_actionable).")
 class RetryRun(_StaffAct):
     """POST gives a failed run's failed step a fresh set of attempts (durableruns.retry_run)."""
 

@@ -105,25 +105,65 @@ def bulk_runs(n: int, *, start: int = 0, escalate: bool = False) -> list[str]:
     fingerprint = get_workflow("scripted").fingerprint
     ids = [f"bulk-{i:05d}" for i in range(start, start + n)]
     RunState.objects.bulk_create(
-        RunState(run_id=run_id, workflow="scripted", plan_fingerprint=fingerprint, input={"n": i},
-                 status=RunStatus.NEEDS_DECISION if escalate else RunStatus.WAITING, cursor=1,
-                 created_at=now - timedelta(seconds=i), updated_at=now)
+        RunState(
+            run_id=run_id,
+            workflow="scripted",
+            plan_fingerprint=fingerprint,
+            input={"n": i},
+            status=RunStatus.NEEDS_DECISION if escalate else RunStatus.WAITING,
+            cursor=1,
+            created_at=now - timedelta(seconds=i),
+            updated_at=now,
+        )
         for i, run_id in enumerate(ids, start)
     )
     steps = []
     for run_id in ids:
-        steps.append(RunStep(run_id=run_id, step="first", attempt=1, status=StepStatus.COMPLETED,
-                             effect_key=effect_key(run_id, "first"), started_at=now, finished_at=now, result={}))
-        steps.append(RunStep(run_id=run_id, step="second", attempt=1, status=StepStatus.STARTED,
-                             effect_key=effect_key(run_id, "second"), started_at=now))
+        steps.append(
+            RunStep(
+                run_id=run_id,
+                step="first",
+                attempt=1,
+                status=StepStatus.COMPLETED,
+                effect_key=effect_key(run_id, "first"),
+                started_at=now,
+                finished_at=now,
+                result={},
+            )
+        )
+        steps.append(
+            RunStep(
+                run_id=run_id,
+                step="second",
+                attempt=1,
+                status=StepStatus.STARTED,
+                effect_key=effect_key(run_id, "second"),
+                started_at=now,
+            )
+        )
         if escalate:
-            steps.append(RunStep(run_id=run_id, step="third", attempt=1, status=StepStatus.STARTED,
-                                 effect_key=effect_key(run_id, "third"), started_at=now))
+            steps.append(
+                RunStep(
+                    run_id=run_id,
+                    step="third",
+                    attempt=1,
+                    status=StepStatus.STARTED,
+                    effect_key=effect_key(run_id, "third"),
+                    started_at=now,
+                )
+            )
     RunStep.objects.bulk_create(steps)
     if escalate:
         Escalation.objects.bulk_create(
-            Escalation(run_id=run_id, step="third", attempt=1, effect_key=effect_key(run_id, "third"),
-                       in_doubt_since=now, opened_at=now - timedelta(seconds=i), reason="nobody can look it up")
+            Escalation(
+                run_id=run_id,
+                step="third",
+                attempt=1,
+                effect_key=effect_key(run_id, "third"),
+                in_doubt_since=now,
+                opened_at=now - timedelta(seconds=i),
+                reason="nobody can look it up",
+            )
             for i, run_id in enumerate(ids, start)
         )
     return ids

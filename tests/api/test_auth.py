@@ -42,11 +42,14 @@ def test_without_authtoken_the_session_challenges(anonymous, seeded, url, settin
     assert "results" not in response.json() and "input" not in response.json()
 
 
-@pytest.mark.parametrize("url, needs", [
-    ("/api/runs/", "durableruns.view_runstate"),
-    ("/api/runs/po-1/", "durableruns.view_runstate"),
-    ("/api/escalations/", "durableruns.view_escalation"),
-])
+@pytest.mark.parametrize(
+    "url, needs",
+    [
+        ("/api/runs/", "durableruns.view_runstate"),
+        ("/api/runs/po-1/", "durableruns.view_runstate"),
+        ("/api/escalations/", "durableruns.view_escalation"),
+    ],
+)
 def test_reading_needs_the_view_permissions(client_for, outsider, seeded, url, needs):
     response = client_for(outsider).get(url)
     assert response.status_code == 403
@@ -77,8 +80,9 @@ def test_a_site_may_add_its_own_permission_classes(client_for, reader, seeded, s
 def test_anonymous_writes_are_refused_and_change_nothing(anonymous, seeded):
     before = counts()
     started = anonymous.post("/api/runs/", {"workflow": "scripted", "input": {}}, format="json")
-    decided = anonymous.post(f"/api/escalations/{seeded.pk}/decide/", {"outcome": "abandon", "note": "n"},
-                             format="json")
+    decided = anonymous.post(
+        f"/api/escalations/{seeded.pk}/decide/", {"outcome": "abandon", "note": "n"}, format="json"
+    )
     assert started.status_code == 401 and decided.status_code == 401
     assert counts() == before
 
@@ -136,20 +140,27 @@ def test_a_refused_start_does_not_even_parse_the_body(client_for, reader):
 def test_deciding_needs_the_decide_escalation_permission(client_for, reader, starter, decider, seeded):
     before = counts()
     for user in (reader, starter):
-        response = client_for(user).post(f"/api/escalations/{seeded.pk}/decide/",
-                                         {"outcome": "happened", "note": "n"}, format="json")
+        response = client_for(user).post(
+            f"/api/escalations/{seeded.pk}/decide/", {"outcome": "happened", "note": "n"}, format="json"
+        )
         assert response.status_code == 403
-        assert response.json()["detail"] == ("Deciding an escalation needs the permission "
-                                             "durableruns.decide_escalation.")
+        assert response.json()["detail"] == (
+            "Deciding an escalation needs the permission durableruns.decide_escalation."
+        )
     assert counts() == before and Escalation.objects.open().count() == 1
     assert RunState.objects.get(pk="po-2").status == RunStatus.NEEDS_DECISION
-    response = client_for(decider).post(f"/api/escalations/{seeded.pk}/decide/",
-                                        {"outcome": "happened", "note": "n"}, format="json")
+    response = client_for(decider).post(
+        f"/api/escalations/{seeded.pk}/decide/", {"outcome": "happened", "note": "n"}, format="json"
+    )
     assert response.status_code == 200 and Escalation.objects.open().count() == 0
 
 
 def test_a_superuser_may_do_both(client_for, superuser, seeded):
     client = client_for(superuser)
     assert client.post("/api/runs/", {"workflow": "scripted", "input": {}}, format="json").status_code == 201
-    assert client.post(f"/api/escalations/{seeded.pk}/decide/", {"outcome": "abandon", "note": "n"},
-                       format="json").status_code == 200
+    assert (
+        client.post(
+            f"/api/escalations/{seeded.pk}/decide/", {"outcome": "abandon", "note": "n"}, format="json"
+        ).status_code
+        == 200
+    )

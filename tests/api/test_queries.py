@@ -11,8 +11,14 @@ from tests.api.conftest import bulk_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PAGES = ["/api/runs/", "/api/runs/?workflow=scripted&status=needs_decision", "/api/runs/?effect_key=bulk-00003:third",
-         "/api/runs/bulk-00003/", "/api/escalations/", "/api/escalations/?state=all"]
+PAGES = [
+    "/api/runs/",
+    "/api/runs/?workflow=scripted&status=needs_decision",
+    "/api/runs/?effect_key=bulk-00003:third",
+    "/api/runs/bulk-00003/",
+    "/api/escalations/",
+    "/api/escalations/?state=all",
+]
 
 
 def queries(client, url: str) -> int:

@@ -82,8 +82,9 @@ def test_every_write_works_under_atomic_requests(atomic_requests, client_for, su
     failed("po-f")
 
     started = client.post("/api/runs/", {"workflow": "scripted", "input": {}, "run_id": "po-new"}, format="json")
-    decided = client.post(f"/api/escalations/{escalation.pk}/decide/", {"outcome": "happened", "note": "seen"},
-                          format="json")
+    decided = client.post(
+        f"/api/escalations/{escalation.pk}/decide/", {"outcome": "happened", "note": "seen"}, format="json"
+    )
     retried = client.post("/api/runs/po-f/retry/", {"note": "vendor fixed"}, format="json")
     cancelled = client.post("/api/runs/po-new/cancel/", {"note": "not needed"}, format="json")
 
@@ -99,8 +100,13 @@ def test_every_write_works_under_atomic_requests(atomic_requests, client_for, su
 def test_a_refusal_under_atomic_requests_is_still_a_clean_409(atomic_requests, client_for, decider):
     escalation = escalated_run(run_id="po-e")
     client = client_for(decider)
-    assert client.post(f"/api/escalations/{escalation.pk}/decide/", {"outcome": "abandon", "note": "n"},
-                       format="json").status_code == 200
-    second = client.post(f"/api/escalations/{escalation.pk}/decide/", {"outcome": "happened", "note": "n"},
-                         format="json")
+    assert (
+        client.post(
+            f"/api/escalations/{escalation.pk}/decide/", {"outcome": "abandon", "note": "n"}, format="json"
+        ).status_code
+        == 200
+    )
+    second = client.post(
+        f"/api/escalations/{escalation.pk}/decide/", {"outcome": "happened", "note": "n"}, format="json"
+    )
     assert second.status_code == 409 and second.json()["code"] == "already_decided"

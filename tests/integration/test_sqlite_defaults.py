@@ -9,9 +9,9 @@ The test makes its own SQLite file, so it runs whatever database the suite is on
 from __future__ import annotations
 
 import sqlite3
-import warnings
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from tests.conftest import ROOT, Workers, wait_until
@@ -40,17 +40,25 @@ def test_a_loop_worker_beside_concurrent_starts_on_default_sqlite_options(tmp_pa
     try:
         worker = pool.start("--loop", "--interval", "0.05", DATABASE_URL=f"sqlite:///{db}")
         starters = [
-            subprocess.Popen([sys.executable, "-c", f"import django; django.setup(); exec({START_MANY!r})",
-                              f"s{n}", str(RUNS_EACH)],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-c", f"import django; django.setup(); exec({START_MANY!r})", f"s{n}", str(RUNS_EACH)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for n in range(STARTERS)
         ]
         for starter in starters:
             out, err = starter.communicate(timeout=120)
             assert starter.returncode == 0, err
         total = STARTERS * RUNS_EACH
-        wait_until(lambda: statuses(db).get("completed") == total or worker.poll() is not None, timeout=120,
-                   what=f"{total} runs completed by the worker")
+        wait_until(
+            lambda: statuses(db).get("completed") == total or worker.poll() is not None,
+            timeout=120,
+            what=f"{total} runs completed by the worker",
+        )
         assert worker.poll() is None, worker.communicate()[1]
         assert statuses(db) == {"completed": total}
     finally:
