@@ -164,3 +164,15 @@ def test_a_superuser_may_do_both(client_for, superuser, seeded):
         ).status_code
         == 200
     )
+
+
+def test_a_browser_on_a_site_without_rest_framework_installed_gets_json(client_for, reader, seeded, settings):
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "rest_framework"]
+    response = client_for(reader).get("/api/runs/", HTTP_ACCEPT="text/html,application/xhtml+xml,*/*;q=0.8")
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    assert {r["run_id"] for r in response.json()["results"]} == {"po-1", "po-2"}
+
+
+def test_a_browser_on_the_demo_site_gets_drfs_pages(client_for, reader, seeded):
+    response = client_for(reader).get("/api/runs/", HTTP_ACCEPT="text/html")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
