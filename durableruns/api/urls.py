@@ -55,6 +55,7 @@ class SchemaView(SpectacularAPIView):
 
     generator_class = AppSchemaGenerator
     schema = views.AppSchema()
+    versioning_class = None
     custom_settings = {
         "TITLE": "durableruns API",
         "DESCRIPTION": "Start durable runs, read their recovery boundary, decide escalated steps.",

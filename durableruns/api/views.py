@@ -108,6 +108,8 @@ class DurableRunsAPIView(generics.GenericAPIView):
 
     schema = AppSchema()
     pagination_class = KeysetPagination
+    versioning_class = None  # the app's API has one version; a site's DEFAULT_VERSIONING_CLASS is for its own
+    filter_backends = ()  # each list parses its own filters
     #: the model permissions this endpoint needs, on top of DURABLERUNS_API_PERMISSION_CLASSES
     needs: tuple[type[BasePermission], ...] = ()
 

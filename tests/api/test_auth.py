@@ -56,17 +56,29 @@ def test_reading_needs_the_view_permissions(client_for, outsider, seeded, url, n
     assert needs in response.json()["detail"] and set(response.json()) == {"detail"}
 
 
-def test_the_sites_rest_framework_defaults_do_not_open_the_api(anonymous, client_for, outsider, seeded, settings):
+def test_the_sites_rest_framework_defaults_do_not_open_or_bend_the_api(
+    anonymous, client_for, outsider, reader, seeded, settings
+):
     settings.REST_FRAMEWORK = {
         "DEFAULT_AUTHENTICATION_CLASSES": [],
         "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
         "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
         "PAGE_SIZE": 1,
         "DEFAULT_SCHEMA_CLASS": "rest_framework.schemas.openapi.AutoSchema",
+        "DEFAULT_VERSIONING_CLASS": "rest_framework.versioning.QueryParameterVersioning",
+        "ALLOWED_VERSIONS": ["v9"],
+        "EXCEPTION_HANDLER": "rest_framework.views.exception_handler",
     }
     assert anonymous.get("/api/runs/po-1/").status_code == 401
     assert client_for(outsider).get("/api/escalations/").status_code == 403
     assert anonymous.get("/api/runs/missing/").status_code == 401  # no 404: existence is not disclosed either
+    # the app's own pages, errors and schema, not the site's
+    page = client_for(reader).get("/api/runs/")
+    assert page.status_code == 200 and set(page.json()) == {"next", "previous", "results"}
+    assert len(page.json()["results"]) == 2
+    missing = client_for(reader).get("/api/runs/missing/")
+    assert missing.status_code == 404 and missing.json()["code"] == "run_not_found"
+    assert client_for(reader).get("/api/schema/?format=json").status_code == 200
 
 
 def test_a_site_may_add_its_own_permission_classes(client_for, reader, seeded, settings):
