@@ -220,7 +220,7 @@ def postgres_database() -> dict[str, Any]:
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL (set DATABASE_URL=postgres://...)")
     s = connection.settings_dict
-    name = f"{(s.get('TEST') or {}).get('NAME') or 'test_' + s['NAME']}_bare"
+    name = f"{s['NAME']}_bare"  # the suite's test database's name (test_...), plus _bare
     dsn = {
         "host": s["HOST"] or "127.0.0.1",
         "port": s["PORT"] or 5432,
@@ -254,6 +254,10 @@ def site(request: pytest.FixtureRequest, venv: Path, tmp_path_factory: pytest.Te
     assert site.server is not None
     site.server.terminate()
     site.server.communicate(timeout=30)
+    if database["ENGINE"].endswith("postgresql"):
+        dsn = {"host": database["HOST"], "port": database["PORT"], "user": database["USER"], "dbname": "postgres"}
+        with psycopg.connect(**dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{database["NAME"]}" WITH (FORCE)')
 
 
 def test_a_three_step_workflow_runs_through_resume_runs(site: BareSite):
