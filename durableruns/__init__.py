@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Workflow", "Rejected", "start", "boundary", "decide", "errors"]
 
+__version__ = "0.2.0"
+
 
 def start(workflow_name: str, input: Any, run_id: str | None = None) -> str:
     """Record a pending run of `workflow_name` with `input` (a JSON object); return its run_id."""

@@ -1,4 +1,5 @@
-"""durableruns' AppConfig: registers the system checks and imports each installed app's workflows.py."""
+"""durableruns' AppConfig: registers the system checks, sets up SQLite connections, and imports each installed
+app's workflows.py."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from importlib import import_module
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.checks import register
+from django.db.backends.signals import connection_created
 from django.utils.module_loading import autodiscover_modules
 
 
@@ -15,10 +18,15 @@ class DurableRunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from durableruns import checks  # noqa: F401  (registers the checks)
-        from durableruns import testing
+        from durableruns import (
+            checks,  # noqa: F401  (registers the checks)
+            sqlite,
+            testing,
+        )
 
         testing.arm_from_environment()
+        connection_created.connect(sqlite.tune_connection, dispatch_uid="durableruns.sqlite.tune_connection")
+        register(sqlite.check_sqlite_options)
 
         autodiscover_modules("workflows")
         # Workflows that live outside an installed app (a script's, a test suite's) are named in settings.

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
+from django.apps import apps
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 
 def lease_seconds() -> float:
@@ -60,3 +64,76 @@ def default_timeout() -> timedelta:
 def prepared_statements() -> bool:
     """Whether the PostgreSQL hot path prepares its statements; turn off behind a pooler that cannot keep them."""
     return bool(getattr(settings, "DURABLERUNS_PREPARED_STATEMENTS", True))
+
+
+# -- the REST API's policy and the SQLite connection set-up (each a Django setting with its default) -----------
+
+
+def _classes(setting: str, default: Sequence[str | type]) -> list[type]:
+    """The classes a setting names (dotted paths or the classes themselves), or the default's."""
+    value = getattr(settings, setting, None)
+    names = default if value is None else value
+    return [import_string(name) if isinstance(name, str) else name for name in names]
+
+
+def api_authentication_classes() -> list[type]:
+    """How the API knows who calls: DURABLERUNS_API_AUTHENTICATION_CLASSES.
+
+    By default a token (when rest_framework.authtoken is installed) and then the session. The first class names
+    the challenge of a 401, so a token comes first; without one, the app's session authentication still answers
+    an anonymous call 401 with a challenge rather than 403. Whatever the site's REST_FRAMEWORK says, the API
+    uses these.
+    """
+    default: list[str] = []
+    if apps.is_installed("rest_framework.authtoken"):
+        default.append("rest_framework.authentication.TokenAuthentication")
+    default.append("durableruns.api.authentication.SessionAuthentication")
+    return _classes("DURABLERUNS_API_AUTHENTICATION_CLASSES", default)
+
+
+def api_permission_classes() -> list[type]:
+    """Checked before each endpoint's own model permission: DURABLERUNS_API_PERMISSION_CLASSES.
+
+    By default only IsAuthenticated. A site may add its own (IsAdminUser, an IP allow-list); the permission an
+    endpoint needs (view_runstate, start_run, ...) is always checked on top and cannot be removed here.
+    """
+    return _classes("DURABLERUNS_API_PERMISSION_CLASSES", ["rest_framework.permissions.IsAuthenticated"])
+
+
+def api_renderer_classes() -> list[type]:
+    """How answers are rendered: DURABLERUNS_API_RENDERER_CLASSES.
+
+    JSON, plus DRF's browsable pages only when rest_framework is an installed app (its templates live there, so
+    without it a browser's request would be a 500).
+    """
+    default = ["rest_framework.renderers.JSONRenderer"]
+    if apps.is_installed("rest_framework"):
+        default.append("rest_framework.renderers.BrowsableAPIRenderer")
+    return _classes("DURABLERUNS_API_RENDERER_CLASSES", default)
+
+
+def api_page_size() -> int:
+    """Rows per page of the runs list and the escalation queue: DURABLERUNS_API_PAGE_SIZE, 50 by default."""
+    return int(getattr(settings, "DURABLERUNS_API_PAGE_SIZE", 50))
+
+
+def api_exception_handler() -> Callable[..., Any]:
+    """The handler of the API's views: DURABLERUNS_API_EXCEPTION_HANDLER (a dotted path).
+
+    By default the app's own, which answers each durableruns error with its status and code; a site's wrapper
+    should call it first.
+    """
+    value = getattr(settings, "DURABLERUNS_API_EXCEPTION_HANDLER", "durableruns.api.exceptions.exception_handler")
+    return import_string(value) if isinstance(value, str) else value
+
+
+def sqlite_tuning() -> bool:
+    """Whether durableruns sets up each SQLite connection (busy timeout, WAL, BEGIN IMMEDIATE) where the
+    site's OPTIONS do not: DURABLERUNS_SQLITE_TUNING, true by default."""
+    return bool(getattr(settings, "DURABLERUNS_SQLITE_TUNING", True))
+
+
+def sqlite_busy_timeout_ms() -> int:
+    """How long a SQLite connection waits for the write lock before "database is locked":
+    DURABLERUNS_SQLITE_BUSY_TIMEOUT_SECONDS (30) unless the site's OPTIONS set a timeout."""
+    return int(float(getattr(settings, "DURABLERUNS_SQLITE_BUSY_TIMEOUT_SECONDS", 30.0)) * 1000)

@@ -1,7 +1,8 @@
-"""Who may do what through the API: any signed-in user reads; writing needs the model permission for that act.
+"""Who may do what through the API: each act needs the app's model permission for it, reading included.
 
 Permissions are checked before the body is parsed, so a refused request changes nothing and learns nothing
-about whether its input would have been valid.
+about whether its input would have been valid. Each endpoint names its own, on top of the site's
+DURABLERUNS_API_PERMISSION_CLASSES (IsAuthenticated by default), so no global setting can open them.
 """
 
 from __future__ import annotations
@@ -11,23 +12,50 @@ from typing import Any
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
-class _WritePermission(BasePermission):
-    """Let reads through (IsAuthenticated guards them); an unsafe method needs `perm`."""
+
+class _ModelPermission(BasePermission):
+    """Requests whose method is in `methods` need `perm`; others are left to the endpoint's other classes."""
 
     perm: str = ""
+    methods: frozenset[str] = UNSAFE_METHODS
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        if request.method in SAFE_METHODS:
+        if request.method not in self.methods:
             return True
         return bool(request.user and request.user.has_perm(self.perm))
 
 
-class CanStartRuns(_WritePermission):
+class _ReadPermission(_ModelPermission):
+    methods = frozenset(SAFE_METHODS)
+
+
+class CanViewRuns(_ReadPermission):
+    perm = "durableruns.view_runstate"
+    message = "Reading runs needs the permission durableruns.view_runstate."
+
+
+class CanViewEscalations(_ReadPermission):
+    perm = "durableruns.view_escalation"
+    message = "Reading the escalation queue needs the permission durableruns.view_escalation."
+
+
+class CanStartRuns(_ModelPermission):
     perm = "durableruns.start_run"
     message = "Starting a run needs the permission durableruns.start_run."
 
 
-class CanDecideEscalations(_WritePermission):
+class CanDecideEscalations(_ModelPermission):
     perm = "durableruns.decide_escalation"
     message = "Deciding an escalation needs the permission durableruns.decide_escalation."
+
+
+class CanCancelRuns(_ModelPermission):
+    perm = "durableruns.cancel_run"
+    message = "Cancelling a run needs the permission durableruns.cancel_run."
+
+
+class CanRetryRuns(_ModelPermission):
+    perm = "durableruns.retry_run"
+    message = "Retrying a run needs the permission durableruns.retry_run."

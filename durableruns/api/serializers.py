@@ -10,13 +10,14 @@ from typing import Any
 
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from durableruns import services
 from durableruns.boundary import Boundary, Zone
 from durableruns.errors import UnknownWorkflow
-from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
+from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
 from durableruns.registry import get_workflow, workflows
 
 OUTCOMES = [
@@ -82,6 +83,55 @@ class WorkflowNameFieldExtension(OpenApiSerializerFieldExtension):
         return {"type": "string", "enum": sorted(workflows())}
 
 
+class RunStatusField(serializers.ChoiceField):
+    """A run's status: documented once, as the component RunStatusEnum."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=RunStatus.choices, **kwargs)
+
+
+class StepStatusField(serializers.ChoiceField):
+    """An attempt's status: documented once, as the component StepStatusEnum."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=StepStatus.choices, **kwargs)
+
+
+class _NamedEnumExtension(OpenApiSerializerFieldExtension):
+    """Name a choice set's component here rather than in the site's ENUM_NAME_OVERRIDES.
+
+    Runs and attempts both have a field called `status` with different choices; left to drf-spectacular, the
+    two collide and the document warns (failing `spectacular --fail-on-warn` on a site without overrides).
+    """
+
+    component_name = ""
+    choices: Any = None
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = {
+            "type": "string",
+            "enum": list(self.choices.values),
+            "description": "\n".join(f"* `{value}` - {label}" for value, label in self.choices.choices),
+        }
+        component = ResolvedComponent(
+            name=self.component_name, type=ResolvedComponent.SCHEMA, object=self.component_name, schema=schema
+        )
+        auto_schema.registry.register_on_missing(component)
+        return component.ref
+
+
+class RunStatusFieldExtension(_NamedEnumExtension):
+    target_class = RunStatusField
+    component_name = "RunStatusEnum"
+    choices = RunStatus
+
+
+class StepStatusFieldExtension(_NamedEnumExtension):
+    target_class = StepStatusField
+    component_name = "StepStatusEnum"
+    choices = StepStatus
+
+
 def _boundary(serializer: serializers.Field, run: RunState) -> Boundary:
     """The run's boundary from its prefetched attempts, computed once per run per response."""
     cache: dict[str, Boundary] = serializer.context.setdefault("boundaries", {})
@@ -113,15 +163,22 @@ class DecisionRequestSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=OUTCOMES)
     note = serializers.CharField(help_text="Why: what was checked, and where. Required.")
     result = StorableJSONField(
-        required=False, allow_null=True,
+        required=False,
+        allow_null=True,
         help_text="With 'happened' only: the step's result to record (any JSON).",
     )
+
+
+class StaffNoteSerializer(serializers.Serializer):
+    """POST /api/runs/{run_id}/cancel/ and /retry/: why, recorded with who and when."""
+
+    note = serializers.CharField(help_text="Why: what was checked, and where. Required.")
 
 
 class RunFilterSerializer(serializers.Serializer):
     """Query parameters of GET /api/runs/; blank ones are ignored."""
 
-    status = serializers.ChoiceField(choices=RunStatus.choices, required=False, allow_blank=True)
+    status = RunStatusField(required=False, allow_blank=True)
     workflow = serializers.CharField(max_length=200, required=False, allow_blank=True)
     effect_key = serializers.CharField(
         max_length=500, required=False, allow_blank=True, help_text="Runs with an attempt under this effect key."
@@ -161,10 +218,24 @@ class InterventionSerializer(serializers.ModelSerializer):
 class AttemptSerializer(serializers.ModelSerializer):
     """One attempt at one step, as recorded; never edited through the API."""
 
+    status = StepStatusField(read_only=True)
+
     class Meta:
         model = RunStep
-        fields = ["step", "attempt", "status", "effect_key", "started_at", "finished_at", "owner", "epoch",
-                  "error", "result", "loop_cursor", "resolution"]
+        fields = [
+            "step",
+            "attempt",
+            "status",
+            "effect_key",
+            "started_at",
+            "finished_at",
+            "owner",
+            "epoch",
+            "error",
+            "result",
+            "loop_cursor",
+            "resolution",
+        ]
         read_only_fields = fields
 
 
@@ -179,8 +250,20 @@ class EscalationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Escalation
-        fields = ["id", "run_id", "workflow", "step", "attempt", "effect_key", "in_doubt_since", "opened_at",
-                  "reason", "sentence", "doc", "decision"]
+        fields = [
+            "id",
+            "run_id",
+            "workflow",
+            "step",
+            "attempt",
+            "effect_key",
+            "in_doubt_since",
+            "opened_at",
+            "reason",
+            "sentence",
+            "doc",
+            "decision",
+        ]
         read_only_fields = fields
 
     def get_sentence(self, escalation: Escalation) -> str:
@@ -201,14 +284,26 @@ class EscalationSerializer(serializers.ModelSerializer):
 class RunSerializer(serializers.ModelSerializer):
     """A run in a list: where it stands, in one sentence, and who holds it."""
 
+    status = RunStatusField(read_only=True)
     sentence = serializers.SerializerMethodField(
         help_text="e.g. '6 steps complete, charge in doubt since 14:07, 3 steps remaining'"
     )
 
     class Meta:
         model = RunState
-        fields = ["run_id", "workflow", "status", "sentence", "cursor", "owner", "lease_expires_at", "wake_at",
-                  "reason", "created_at", "updated_at"]
+        fields = [
+            "run_id",
+            "workflow",
+            "status",
+            "sentence",
+            "cursor",
+            "owner",
+            "lease_expires_at",
+            "wake_at",
+            "reason",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = fields
 
     def get_sentence(self, run: RunState) -> str:
@@ -241,8 +336,7 @@ class RunDetailSerializer(RunSerializer):
     input = JSONObjectField(read_only=True)
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "epoch", "input", "boundary", "escalations", "interventions",
-                  "attempts"]
+        fields = [*RunSerializer.Meta.fields, "epoch", "input", "boundary", "escalations", "interventions", "attempts"]
         read_only_fields = fields
 
     @extend_schema_field(BoundarySerializer)
@@ -253,15 +347,18 @@ class RunDetailSerializer(RunSerializer):
             zone = b.zone(step)
             latest = b.latest.get(step)
             policy = services.step_policy(run, step)
-            plan.append({
-                "step": step,
-                "zone": zone.value,
-                "since": latest.started_at if zone is Zone.IN_DOUBT and latest else None,
-                "attempt": latest.attempt if latest else None,
-                "policy": policy.value if policy else None,
-            })
-        return BoundarySerializer({"plan": plan, "done": b.done, "in_doubt": b.in_doubt, "failed": b.failed,
-                                   "remainder": b.remainder}).data
+            plan.append(
+                {
+                    "step": step,
+                    "zone": zone.value,
+                    "since": latest.started_at if zone is Zone.IN_DOUBT and latest else None,
+                    "attempt": latest.attempt if latest else None,
+                    "policy": policy.value if policy else None,
+                }
+            )
+        return BoundarySerializer(
+            {"plan": plan, "done": b.done, "in_doubt": b.in_doubt, "failed": b.failed, "remainder": b.remainder}
+        ).data
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -1,15 +1,20 @@
 """The REST API's routes, mounted under /api/ by the site, and its OpenAPI schema at /api/schema/.
 
-No Swagger UI: drf-spectacular's loads its assets from a CDN, and the sidecar package is not a dependency.
+No Swagger UI here: drf-spectacular's loads its assets from a CDN unless the site installs
+drf-spectacular-sidecar, which the app does not require. The demo site serves one from the sidecar, behind the
+same authentication as the schema (see project/urls.py).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.urls import URLPattern, path, register_converter
+from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView
-from rest_framework.permissions import IsAuthenticated
 
+from durableruns import __version__, conf
 from durableruns.api import views
 
 
@@ -28,17 +33,57 @@ class RunIdConverter:
 register_converter(RunIdConverter, "run_id")
 
 
+class AppSchemaGenerator(SchemaGenerator):
+    """Document the app's own endpoints only, wherever the site mounts them: the site's other views are the
+    site's to document, under its own schema settings."""
+
+    def _initialise_endpoints(self) -> None:
+        super()._initialise_endpoints()
+        self.endpoints = [
+            endpoint
+            for endpoint in self.endpoints
+            if getattr(endpoint[3], "cls", None) is not None
+            and endpoint[3].cls.__module__.startswith("durableruns.api.")
+        ]
+
+
 @extend_schema(exclude=True)
 class SchemaView(SpectacularAPIView):
     """The OpenAPI document, for signed-in callers like the rest of the API (it names the deploy's workflows);
-    left out of the document itself."""
+    left out of the document itself. Its title and version are the app's; the site's SPECTACULAR_SETTINGS
+    still apply to everything else."""
 
-    permission_classes = [IsAuthenticated]
+    generator_class = AppSchemaGenerator
+    schema = views.AppSchema()
+    versioning_class = None
+    custom_settings = {
+        "TITLE": "durableruns API",
+        "DESCRIPTION": "Start durable runs, read their recovery boundary, decide escalated steps.",
+        "VERSION": __version__,
+    }
+
+    def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # Not drf-spectacular's annotated `get`: its annotation builds on the site's DEFAULT_SCHEMA_CLASS, and on
+        # a site that leaves DRF's own there, documenting this very view would fail (the schema a 500).
+        return super().get(request, *args, **kwargs)
+
+    def get_authenticators(self) -> list[Any]:
+        return [cls() for cls in conf.api_authentication_classes()]
+
+    def get_permissions(self) -> list[Any]:
+        return [cls() for cls in conf.api_permission_classes()]
+
+    def get_exception_handler(self) -> Any:
+        return conf.api_exception_handler()
+
 
 app_name = "durableruns-api"
 
 urlpatterns: list[URLPattern] = [
     path("runs/", views.RunList.as_view(), name="run-list"),
+    # before the detail: a run_id may contain "/", so the detail's pattern would match these paths too
+    path("runs/<run_id:run_id>/cancel/", views.CancelRun.as_view(), name="run-cancel"),
+    path("runs/<run_id:run_id>/retry/", views.RetryRun.as_view(), name="run-retry"),
     path("runs/<run_id:run_id>/", views.RunDetail.as_view(), name="run-detail"),
     path("escalations/", views.EscalationList.as_view(), name="escalation-list"),
     path("escalations/<int:id>/decide/", views.DecideEscalation.as_view(), name="escalation-decide"),

@@ -3,36 +3,53 @@
 Errors are not caught here: the core's typed errors reach `api.exceptions.exception_handler`, which answers
 them. Every list prefetches the attempts its sentences need, so a page costs the same queries however many runs
 or attempts exist.
+
+Each view declares the app's own policy (authentication, permissions, renderers, pagination, the exception
+handler, drf-spectacular's AutoSchema), read from durableruns' settings, never from the site's REST_FRAMEWORK:
+a site that sets nothing gets a safe API, and one whose defaults differ cannot open it by accident.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Prefetch
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Prefetch
+from django.http import HttpRequest, HttpResponseBase
 from django.urls import reverse
+from django.utils.decorators import method_decorator
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
-from rest_framework.permissions import IsAuthenticated
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from durableruns import services
+from durableruns import conf, services
+from durableruns.api import authentication  # noqa: F401  (registers the session scheme for the schema)
 from durableruns.api import serializers as s
-from durableruns.api.permissions import CanDecideEscalations, CanStartRuns
+from durableruns.api.pagination import KeysetPagination
+from durableruns.api.permissions import (
+    CanCancelRuns,
+    CanDecideEscalations,
+    CanRetryRuns,
+    CanStartRuns,
+    CanViewEscalations,
+    CanViewRuns,
+)
 from durableruns.errors import RunNotFound
 from durableruns.models import Escalation, RunState, RunStep
 from durableruns.querysets import EscalationQuerySet, RunStateQuerySet
 
-NOT_AUTHENTICATED = OpenApiResponse(s.ErrorSerializer, description="Not signed in: no session and no valid token.")
-NOT_SIGNED_IN = OpenApiResponse(
-    s.ErrorSerializer, description="Not signed in (DRF answers 403 when session authentication comes first)."
+NOT_AUTHENTICATED = OpenApiResponse(
+    s.ErrorSerializer, description="Not signed in: no session and no valid token (with a WWW-Authenticate challenge)."
 )
 NOT_ALLOWED = OpenApiResponse(
-    s.ErrorSerializer, description="Not signed in, or signed in without the permission this needs."
+    s.ErrorSerializer, description="Signed in without the permission this needs (or a session write without CSRF)."
 )
 BAD_QUERY = OpenApiResponse(OpenApiTypes.OBJECT, description="A query parameter is invalid: errors by parameter.")
 BAD_REQUEST = OpenApiResponse(
@@ -68,6 +85,67 @@ class JSONBodyParser(JSONParser):
         return data
 
 
+def _non_atomic(view: Any) -> Any:
+    """Opt out of ATOMIC_REQUESTS on every database: the services commit each fact in its own durable
+    transaction, which cannot nest in the request's."""
+    for alias in settings.DATABASES:
+        view = transaction.non_atomic_requests(using=alias)(view)
+    return view
+
+
+class AppSchema:
+    """drf-spectacular's AutoSchema for the app's views, a fresh inspector per view as DRF's DefaultSchema
+    gives, whatever the site's DEFAULT_SCHEMA_CLASS."""
+
+    def __get__(self, instance: Any, owner: Any) -> AutoSchema:
+        inspector = AutoSchema()
+        inspector.view = instance
+        return inspector
+
+
+class DurableRunsAPIView(generics.GenericAPIView):
+    """The app's policy, declared on its views: see the module docstring and durableruns.conf."""
+
+    schema = AppSchema()
+    pagination_class = KeysetPagination
+    versioning_class = None  # the app's API has one version; a site's DEFAULT_VERSIONING_CLASS is for its own
+    filter_backends = ()  # each list parses its own filters
+    #: the model permissions this endpoint needs, on top of DURABLERUNS_API_PERMISSION_CLASSES
+    needs: tuple[type[BasePermission], ...] = ()
+
+    def get_authenticators(self) -> list[Any]:
+        return [cls() for cls in conf.api_authentication_classes()]
+
+    def get_permissions(self) -> list[Any]:
+        return [cls() for cls in (*conf.api_permission_classes(), *self.needs)]
+
+    def get_renderers(self) -> list[Any]:
+        return [cls() for cls in conf.api_renderer_classes()]
+
+    def get_exception_handler(self) -> Any:
+        return conf.api_exception_handler()
+
+    @method_decorator(_non_atomic)
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        return super().dispatch(request, *args, **kwargs)
+
+
+def document(**operations: dict[str, Any]) -> Any:
+    """Document each method of a view: `extend_schema(methods=[...])` on the class, one per method.
+
+    drf-spectacular's per-method annotations (extend_schema_view) build on the site's DEFAULT_SCHEMA_CLASS at
+    import time; on a site that leaves DRF's own there, the document is a 500. On the class they build on the
+    view's own AutoSchema.
+    """
+
+    def decorate(view: type) -> type:
+        for method, kwargs in operations.items():
+            view = extend_schema(methods=[method.upper()], **kwargs)(view)
+        return view
+
+    return decorate
+
+
 def parse(serializer_class: type[s.serializers.Serializer], data: Any) -> dict[str, Any]:
     """Validate `data` with `serializer_class`; a ValidationError becomes a 400 naming each bad field."""
     serializer = serializer_class(data=data)
@@ -96,15 +174,15 @@ def escalations_in_full() -> EscalationQuerySet:
     return Escalation.objects.select_related("run", "decision").prefetch_related("run__attempts")
 
 
-@extend_schema_view(
-    get=extend_schema(
+@document(
+    get=dict(
         summary="List runs, newest first",
         description="Each run with its operator sentence. Filters: status, workflow, run_id, and effect_key (runs "
         "with an attempt under that key).",
         parameters=[s.RunFilterSerializer],
-        responses={200: s.RunSerializer(many=True), 400: BAD_QUERY, 401: NOT_AUTHENTICATED, 403: NOT_SIGNED_IN},
+        responses={200: s.RunSerializer(many=True), 400: BAD_QUERY, 401: NOT_AUTHENTICATED, 403: NOT_ALLOWED},
     ),
-    post=extend_schema(
+    post=dict(
         summary="Start a run of a registered workflow",
         description="Record a pending run (needs durableruns.start_run); a worker's resume_runs executes it. "
         "A refusal changes nothing.",
@@ -118,15 +196,19 @@ def escalations_in_full() -> EscalationQuerySet:
         },
     ),
 )
-class RunList(generics.ListCreateAPIView):
-    """GET lists runs (filters: status, workflow, effect_key, run_id); POST starts one (durableruns.start_run)."""
+class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
+    """GET lists runs, newest first (filters: status, workflow, effect_key, run_id; durableruns.view_runstate);
+    POST starts one (durableruns.start_run)."""
 
-    permission_classes = [IsAuthenticated, CanStartRuns]
+    needs = (CanViewRuns, CanStartRuns)
     parser_classes = [JSONBodyParser]
     serializer_class = s.RunSerializer
 
     def get_queryset(self) -> RunStateQuerySet:
         return runs_with_attempts().newest_first()
+
+    def cursor_ordering(self, request: Request) -> tuple[str, ...]:
+        return ("-created_at", "-run_id")
 
     def filter_queryset(self, queryset: RunStateQuerySet) -> RunStateQuerySet:
         filters = parse(s.RunFilterSerializer, self.request.query_params)
@@ -145,26 +227,33 @@ class RunList(generics.ListCreateAPIView):
         run_id = services.start_run(data["workflow"], data["input"], run_id=data.get("run_id"))
         run = runs_in_full().get(pk=run_id)
         location = reverse("durableruns-api:run-detail", kwargs={"run_id": run_id})
-        return Response(s.RunDetailSerializer(run).data, status=status.HTTP_201_CREATED,
-                        headers={"Location": location})
+        return Response(s.RunDetailSerializer(run).data, status=status.HTTP_201_CREATED, headers={"Location": location})
 
 
-@extend_schema_view(
-    get=extend_schema(
+@document(
+    get=dict(
         summary="A run in full: boundary, sentence, attempts, escalations, interventions",
-        parameters=[OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH,
-                                     description="The run's id (may contain ':', '-', '/').")],
+        parameters=[
+            OpenApiParameter(
+                "run_id",
+                OpenApiTypes.STR,
+                OpenApiParameter.PATH,
+                description="The run's id (may contain ':', '-', '/').",
+            )
+        ],
         responses={
             200: s.RunDetailSerializer,
             401: NOT_AUTHENTICATED,
-            403: NOT_SIGNED_IN,
+            403: NOT_ALLOWED,
             404: OpenApiResponse(s.ErrorSerializer, description="No run has that run_id (run_not_found)."),
         },
     ),
 )
-class RunDetail(generics.RetrieveAPIView):
-    """GET one run with everything an operator needs to know where it stands and why."""
+class RunDetail(DurableRunsAPIView, generics.RetrieveAPIView):
+    """GET one run with everything an operator needs to know where it stands and why (view_runstate)."""
 
+    needs = (CanViewRuns,)
+    pagination_class = None
     serializer_class = s.RunDetailSerializer
 
     def get_queryset(self) -> RunStateQuerySet:
@@ -178,33 +267,43 @@ class RunDetail(generics.RetrieveAPIView):
         return run
 
 
-@extend_schema_view(
-    get=extend_schema(
+@document(
+    get=dict(
         summary="List escalations: open ones, oldest first, by default",
         parameters=[s.EscalationFilterSerializer],
-        responses={200: s.EscalationSerializer(many=True), 400: BAD_QUERY, 401: NOT_AUTHENTICATED,
-                   403: NOT_SIGNED_IN},
+        responses={200: s.EscalationSerializer(many=True), 400: BAD_QUERY, 401: NOT_AUTHENTICATED, 403: NOT_ALLOWED},
     ),
 )
-class EscalationList(generics.ListAPIView):
-    """GET the escalation queue; ?state=decided shows decisions (newest first), ?state=all everything."""
+class EscalationList(DurableRunsAPIView, generics.ListAPIView):
+    """GET the escalation queue (durableruns.view_escalation): open ones oldest first; ?state=decided shows
+    decisions, newest first; ?state=all everything, oldest first."""
 
+    needs = (CanViewEscalations,)
     serializer_class = s.EscalationSerializer
 
     def get_queryset(self) -> EscalationQuerySet:
         return escalations_in_full()
 
+    def state(self) -> str:
+        return str(parse(s.EscalationFilterSerializer, self.request.query_params)["state"])
+
     def filter_queryset(self, queryset: EscalationQuerySet) -> EscalationQuerySet:
-        state = parse(s.EscalationFilterSerializer, self.request.query_params)["state"]
+        state = self.state()
         if state == "open":
             return queryset.open()
         if state == "decided":
-            return queryset.decided()
-        return queryset.order_by("opened_at", "pk")
+            # the cursor reads its position from the row, so the decision's time is annotated onto it
+            return queryset.decided().annotate(decided_at=F("decision__decided_at"))
+        return queryset
+
+    def cursor_ordering(self, request: Request) -> tuple[str, ...]:
+        if self.state() == "decided":
+            return ("-decided_at", "-pk")
+        return ("opened_at", "pk")
 
 
-@extend_schema_view(
-    post=extend_schema(
+@document(
+    post=dict(
         summary="Decide an escalation once: it happened, it did not happen, or abandon the run",
         request=s.DecisionRequestSerializer,
         parameters=[OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH, description="The escalation.")],
@@ -222,16 +321,84 @@ class EscalationList(generics.ListAPIView):
         },
     ),
 )
-class DecideEscalation(generics.GenericAPIView):
+class DecideEscalation(DurableRunsAPIView):
     """POST a decision (durableruns.decide_escalation); the run becomes resumable for the next resume_runs."""
 
-    permission_classes = [IsAuthenticated, CanDecideEscalations]
+    needs = (CanDecideEscalations,)
+    pagination_class = None
     parser_classes = [JSONBodyParser]
     serializer_class = s.DecisionRequestSerializer
 
     def post(self, request: Request, id: int) -> Response:
         data = parse(s.DecisionRequestSerializer, request.data)
-        services.resolve_escalation(id, data["outcome"], by=request.user, note=data["note"],
-                                    result=data.get("result"))
+        services.resolve_escalation(id, data["outcome"], by=request.user, note=data["note"], result=data.get("result"))
         escalation = escalations_in_full().get(pk=id)
         return Response(s.EscalationSerializer(escalation).data)
+
+
+def _staff_act(summary: str, needs: str, refusals: str) -> Any:
+    return document(
+        post=dict(
+            summary=summary,
+            description=f"Needs {needs}. Recorded as an intervention with who, when and the note.",
+            request=s.StaffNoteSerializer,
+            parameters=[
+                OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The run's id.")
+            ],
+            responses={
+                200: s.RunDetailSerializer,
+                400: BAD_REQUEST,
+                401: NOT_AUTHENTICATED,
+                403: NOT_ALLOWED,
+                404: OpenApiResponse(s.ErrorSerializer, description="No run has that run_id (run_not_found)."),
+                409: OpenApiResponse(s.ConflictSerializer, description=refusals),
+            },
+        ),
+        # A run_id may itself end in "/cancel" or "/retry": its GET still reads that run.
+        get=dict(exclude=True),
+    )
+
+
+class _StaffAct(RunDetail):
+    """POST a staff act on one run; a GET of the same path reads the run whose id ends with the act's name."""
+
+    act = ""
+    parser_classes = [JSONBodyParser]
+
+    def get_object(self) -> RunState:
+        run_id = self.kwargs["run_id"]
+        self.kwargs = {**self.kwargs, "run_id": f"{run_id}/{self.act}"}
+        try:
+            return super().get_object()
+        finally:
+            self.kwargs["run_id"] = run_id
+
+    def perform(self, run_id: str, *, by: Any, note: str) -> None:
+        raise TypeError(f"{type(self).__name__} names no act")
+
+    def post(self, request: Request, run_id: str) -> Response:
+        data = parse(s.StaffNoteSerializer, request.data)
+        self.perform(run_id, by=request.user, note=data["note"])
+        return Response(s.RunDetailSerializer(runs_in_full().get(pk=run_id)).data)
+
+
+@_staff_act("Cancel a run for good", "durableruns.cancel_run", "The run has finished already (run_not_actionable).")
+class CancelRun(_StaffAct):
+    """POST cancels a run (durableruns.cancel_run); a worker holding it is fenced out."""
+
+    act = "cancel"
+    needs = (CanViewRuns, CanCancelRuns)
+
+    def perform(self, run_id: str, *, by: Any, note: str) -> None:
+        services.cancel_run(run_id, by=by, note=note)
+
+
+@_staff_act("Retry a failed run", "durableruns.retry_run", "Only a failed run can be retried (run_not_actionable).")
+class RetryRun(_StaffAct):
+    """POST gives a failed run's failed step a fresh set of attempts (durableruns.retry_run)."""
+
+    act = "retry"
+    needs = (CanViewRuns, CanRetryRuns)
+
+    def perform(self, run_id: str, *, by: Any, note: str) -> None:
+        services.retry_run(run_id, by=by, note=note)

@@ -40,8 +40,13 @@ FAR_ENV = {
     "DURABLERUNS_RETRY_BACKOFF_SECONDS": "0.5",
     "DURABLERUNS_LOOKUP_RETRY_SECONDS": "1",
 }
-SYSTEM_NAMES = {"credit": "credit vendor", "payments": "payment provider", "portal": "supplier portal",
-                "carrier": "carrier", "email": "email sender"}
+SYSTEM_NAMES = {
+    "credit": "credit vendor",
+    "payments": "payment provider",
+    "portal": "supplier portal",
+    "carrier": "carrier",
+    "email": "email sender",
+}
 
 
 class DemoError(Exception):
@@ -107,11 +112,14 @@ class Demo:
         gone = RunState.objects.filter(workflow="purchase_order", run_id__startswith="PO-2026-").delete()[1]
         reset_all(directory=self.far_dir)
         reset_all(directory=self.naive_dir)
-        self.say(f"Emptied the far systems' ledgers ({self.far_dir}) and removed "
-                 f"{gone.get('durableruns.RunState', 0)} run(s) of an earlier demo.")
+        self.say(
+            f"Emptied the far systems' ledgers ({self.far_dir}) and removed "
+            f"{gone.get('durableruns.RunState', 0)} run(s) of an earlier demo."
+        )
         for run_id in self.ids:
-            services.start_run("purchase_order", {"reference": run_id, "buyer": "Harbour Foods", "line_count": LINES},
-                               run_id=run_id)
+            services.start_run(
+                "purchase_order", {"reference": run_id, "buyer": "Harbour Foods", "line_count": LINES}, run_id=run_id
+            )
         plan = get_workflow("purchase_order")
         self.say(f"Started {self.runs} purchase_order runs, {self.ids[0]} to {self.ids[-1]}, {LINES} lines each.")
         self.say(f"Each one: {' -> '.join(plan.plan)}.")
@@ -120,15 +128,19 @@ class Demo:
     def crash(self) -> None:
         """Start one worker per fate, each on its own run, and see every one of them die."""
         fates = FATES[: self.runs]
-        self.say(f"1. {len(fates)} worker process{'es' if len(fates) > 1 else ''} each take one order, and each dies "
-                 "mid-run (SIGKILL: no clean-up, no last words):")
+        self.say(
+            f"1. {len(fates)} worker process{'es' if len(fates) > 1 else ''} each take one order, and each dies "
+            "mid-run (SIGKILL: no clean-up, no last words):"
+        )
         workers = {}
         for i, fate in enumerate(fates):
             env = {"PURCHASING_QUOTE_ITEM_SECONDS": "0.015" if fate.crash_at is None else "0.002"}
             if fate.crash_at:
                 env["DURABLERUNS_CRASH_AT"] = fate.crash_at
-            workers[self.ids[i]] = (fate, self.worker("--run", self.ids[i], "--lease", str(LEASE), "--worker",
-                                                      f"worker-{i + 1}", **env))
+            workers[self.ids[i]] = (
+                fate,
+                self.worker("--run", self.ids[i], "--lease", str(LEASE), "--worker", f"worker-{i + 1}", **env),
+            )
         for i, (run_id, (fate, proc)) in enumerate(workers.items()):
             story = fate.story
             if fate.crash_at is None:
@@ -141,10 +153,11 @@ class Demo:
                 proc.kill()
                 raise DemoError(f"worker {i + 1} on {run_id} did not die within a minute") from None
             if proc.returncode != -signal.SIGKILL:
-                raise DemoError(f"worker {i + 1} on {run_id} was expected to die but exited {proc.returncode}:\n"
-                                f"{out}{err}")
+                raise DemoError(
+                    f"worker {i + 1} on {run_id} was expected to die but exited {proc.returncode}:\n{out}{err}"
+                )
             self.say(f"   worker {i + 1} (pid {proc.pid}) on {run_id}: {story}")
-        for run_id in self.ids[len(fates):]:
+        for run_id in self.ids[len(fates) :]:
             self.say(f"   {run_id}: not started by anyone yet")
         self.say("")
 
@@ -168,7 +181,7 @@ class Demo:
         """Run resume_runs passes (fresh processes, as cron does) until no run is due or waiting."""
         self.wait_for_leases(run_ids)
         if not quiet:
-            self.say(f"3. Resume: manage.py resume_runs in a fresh process, as cron runs it, once the dead workers'")
+            self.say("3. Resume: manage.py resume_runs in a fresh process, as cron runs it, once the dead workers'")
             self.say(f"   {LEASE:.0f} s leases have run out (a live worker renews its lease; a dead one cannot):")
         outputs = []
         for n in range(1, 6):
@@ -178,8 +191,10 @@ class Demo:
                     break
                 pause = (waiting.wake_at - timezone.now()).total_seconds()
                 if not quiet:
-                    self.say(f"   pass {n}, at {waiting.wake_at.astimezone(self.tz):%H:%M:%S}, when the waiting run is "
-                             f"due again:")
+                    self.say(
+                        f"   pass {n}, at {waiting.wake_at.astimezone(self.tz):%H:%M:%S}, when the waiting run is "
+                        f"due again:"
+                    )
                 time.sleep(max(0.0, pause) + 0.05)
             elif not quiet:
                 self.say("   pass 1:")
@@ -206,8 +221,9 @@ class Demo:
         for run_id in self.ids:
             run = RunState.objects.get(pk=run_id)
             self.say(f"   {run_id}  {run.status:<15} {self.sentence(run_id)}")
-        bad = RunState.objects.filter(pk__in=self.ids).exclude(status__in=(RunStatus.COMPLETED,
-                                                                             RunStatus.NEEDS_DECISION))
+        bad = RunState.objects.filter(pk__in=self.ids).exclude(
+            status__in=(RunStatus.COMPLETED, RunStatus.NEEDS_DECISION)
+        )
         if bad.exists():
             stuck = list(bad.values_list("pk", "status"))
             raise DemoError(f"runs neither completed nor waiting for a decision: {stuck}")
@@ -216,15 +232,21 @@ class Demo:
             self.say("")
             self.say(f"   The escalation queue ({len(queue)} waiting for a person):")
             for escalation in queue:
-                self.say(f"   {escalation.run_id} {escalation.step}, in doubt since "
-                         f"{escalation.in_doubt_since.astimezone(self.tz):%H:%M:%S}: the email sender keeps no key "
-                         "and has no lookup.")
-                self.say(f"     How to check (the step's docstring): look in the sender's outbox for a message whose "
-                         f"subject names {escalation.run_id}.")
+                self.say(
+                    f"   {escalation.run_id} {escalation.step}, in doubt since "
+                    f"{escalation.in_doubt_since.astimezone(self.tz):%H:%M:%S}: the email sender keeps no key "
+                    "and has no lookup."
+                )
+                self.say(
+                    f"     How to check (the step's docstring): look in the sender's outbox for a message whose "
+                    f"subject names {escalation.run_id}."
+                )
             first = queue[0].run_id
             self.say("     Decide it in the admin's queue, or here, then resume:")
-            self.say(f"     .venv/bin/python manage.py shell -c \"import durableruns; durableruns.decide('{first}', "
-                     f"'notify_buyer', 'did_not_happen', by='you', note='not in the outbox')\"")
+            self.say(
+                f"     .venv/bin/python manage.py shell -c \"import durableruns; durableruns.decide('{first}', "
+                f"'notify_buyer', 'did_not_happen', by='you', note='not in the outbox')\""
+            )
             self.say("     .venv/bin/python manage.py resume_runs")
         self.say("")
 
@@ -243,8 +265,10 @@ class Demo:
             subjects[effect["payload"]["subject"]] = subjects.get(effect["payload"]["subject"], 0) + 1
         repeats = sum(n - 1 for n in subjects.values())
         total_duplicates += repeats
-        self.say(f"   {SYSTEM_NAMES['email']:<18}{sum(subjects.values()):>8}{'-':>6}{repeats:>12}"
-                 "   (no key: counted by subject, one per order at most)")
+        self.say(
+            f"   {SYSTEM_NAMES['email']:<18}{sum(subjects.values()):>8}{'-':>6}{repeats:>12}"
+            "   (no key: counted by subject, one per order at most)"
+        )
         self.say(f"   duplicates: {total_duplicates}")
         if total_duplicates:
             raise DemoError(f"{total_duplicates} duplicate effect(s) at the far systems")
@@ -252,16 +276,26 @@ class Demo:
 
     def compare(self) -> None:
         self.say("6. The mistake the design source starts from: a resume that asks the portal's search")
-        self.say(f"   \"does PO-... exist?\" before submitting. {COMPARED} more orders; each worker dies just after "
-                 "the")
+        self.say(f'   "does PO-... exist?" before submitting. {COMPARED} more orders; each worker dies just after the')
         self.say("   portal accepted the order, and a fresh process resumes it right away. The search is served by")
         self.say("   a replica that lags up to 5 s; durableruns asks for the order by its own key, which the portal")
         self.say("   answers from its primary, at once.")
         for run_id in self.compared:
-            services.start_run("purchase_order", {"reference": run_id, "buyer": "Harbour Foods", "line_count": 10},
-                               run_id=run_id)
-        doomed = [self.worker("--run", run_id, "--lease", "1", "--worker", f"doomed-{run_id}",
-                              DURABLERUNS_CRASH_AT="place_order@after_effect") for run_id in self.compared]
+            services.start_run(
+                "purchase_order", {"reference": run_id, "buyer": "Harbour Foods", "line_count": 10}, run_id=run_id
+            )
+        doomed = [
+            self.worker(
+                "--run",
+                run_id,
+                "--lease",
+                "1",
+                "--worker",
+                f"doomed-{run_id}",
+                DURABLERUNS_CRASH_AT="place_order@after_effect",
+            )
+            for run_id in self.compared
+        ]
         self.say("   The naive resume (project/purchasing/naive.py), each in a process of its own:")
         naive_env = dict(self.env(), FAR_DIR=str(self.naive_dir))
         naive_env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -274,8 +308,9 @@ class Demo:
         for proc in doomed:
             proc.communicate(timeout=60)
             if proc.returncode != -signal.SIGKILL:
-                raise DemoError(f"a worker placing one of {self.compared} was expected to die; it exited "
-                                f"{proc.returncode}")
+                raise DemoError(
+                    f"a worker placing one of {self.compared} was expected to die; it exited {proc.returncode}"
+                )
         self.say("   durableruns' resume (manage.py resume_runs), after the same crash:")
         for out in self.resume(self.compared, quiet=True):
             for line in out.splitlines():
@@ -284,12 +319,13 @@ class Demo:
         naive_portal = systems(directory=self.naive_dir).portal
         naive_orders = naive_portal.count()
         naive_duplicates = sum(n - 1 for n in naive_portal.counts_by_key().values())
-        ours = {key: n for key, n in self.far.portal.counts_by_key().items()
-                if key.rsplit(":", 1)[0] in self.compared}
+        ours = {key: n for key, n in self.far.portal.counts_by_key().items() if key.rsplit(":", 1)[0] in self.compared}
         our_duplicates = sum(n - 1 for n in ours.values())
         self.say("")
-        self.say(f"   {'after the same crash, ' + str(COMPARED) + ' orders':<40}{'orders at the portal':>22}"
-                 f"{'duplicates':>12}")
+        self.say(
+            f"   {'after the same crash, ' + str(COMPARED) + ' orders':<40}{'orders at the portal':>22}"
+            f"{'duplicates':>12}"
+        )
         self.say(f"   {'naive resume (search, then submit)':<40}{naive_orders:>22}{naive_duplicates:>12}")
         self.say(f"   {'durableruns (look up by our own key)':<40}{sum(ours.values()):>22}{our_duplicates:>12}")
         if our_duplicates or len(ours) != COMPARED:
@@ -308,25 +344,36 @@ class Demo:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLERUNS_CRASH_")}
-        env.update(FAR_ENV, DJANGO_SETTINGS_MODULE="project.settings", PYTHONUNBUFFERED="1", FAR_DIR=str(self.far_dir),
-                   FAR_SEED=str(self.seed))
+        env.update(
+            FAR_ENV,
+            DJANGO_SETTINGS_MODULE="project.settings",
+            PYTHONUNBUFFERED="1",
+            FAR_DIR=str(self.far_dir),
+            FAR_SEED=str(self.seed),
+        )
         env.update(extra)
         return env
 
     def worker(self, *args: str, **extra: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "manage.py", "resume_runs", "--skip-checks", *args], cwd=self.root,
-                                env=self.env(**extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "resume_runs", "--skip-checks", *args],
+            cwd=self.root,
+            env=self.env(**extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def python(self, args: list[str], env: dict[str, str], *, expect: int) -> str:
-        done = subprocess.run([sys.executable, *args], cwd=self.root, env=env, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [sys.executable, *args], cwd=self.root, env=env, capture_output=True, text=True, timeout=60
+        )
         if done.returncode != expect:
             raise DemoError(f"{' '.join(args)} exited {done.returncode}, not {expect}:\n{done.stdout}{done.stderr}")
         return done.stdout
 
     def resume_pass(self) -> str:
-        proc = self.worker("--once", "--lease", str(LEASE), "--worker", "cron",
-                           PURCHASING_QUOTE_ITEM_SECONDS="0.002")
+        proc = self.worker("--once", "--lease", str(LEASE), "--worker", "cron", PURCHASING_QUOTE_ITEM_SECONDS="0.002")
         out, err = proc.communicate(timeout=120)
         if proc.returncode != 0:
             raise DemoError(f"resume_runs exited {proc.returncode}:\n{out}{err}")
@@ -335,8 +382,11 @@ class Demo:
     def wait_for_checkpoint(self, run_id: str, proc: subprocess.Popen[str]) -> int:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            row = RunStep.objects.filter(run_id=run_id, step="quote", status="started",
-                                         loop_cursor__gte=QUOTE_KILL_AT).values_list("loop_cursor", flat=True).first()
+            row = (
+                RunStep.objects.filter(run_id=run_id, step="quote", status="started", loop_cursor__gte=QUOTE_KILL_AT)
+                .values_list("loop_cursor", flat=True)
+                .first()
+            )
             if row:
                 return row
             if proc.poll() is not None:
@@ -345,8 +395,9 @@ class Demo:
         raise DemoError(f"the worker on {run_id} did not reach line {QUOTE_KILL_AT} within a minute")
 
     def wait_for_leases(self, run_ids: list[str]) -> None:
-        leases = RunState.objects.filter(pk__in=run_ids, status=RunStatus.RUNNING).values_list("lease_expires_at",
-                                                                                              flat=True)
+        leases = RunState.objects.filter(pk__in=run_ids, status=RunStatus.RUNNING).values_list(
+            "lease_expires_at", flat=True
+        )
         latest: datetime | None = max((lease for lease in leases if lease), default=None)
         if latest is not None:
             time.sleep(max(0.0, (latest - timezone.now()).total_seconds()) + 0.05)
@@ -376,11 +427,16 @@ class Demo:
             return "no key, no lookup: nobody can tell whether it acted, so the run waits for a person."
         if step == "quote":
             checkpoint = rows[0].loop_cursor
-            return f"run again from its last checkpoint (line {checkpoint}): {LINES - checkpoint} of {LINES} lines " \
-                   "priced again."
+            return (
+                f"run again from its last checkpoint (line {checkpoint}): {LINES - checkpoint} of {LINES} lines "
+                "priced again."
+            )
         first = rows[0]
-        waited = f"the vendor's lookup lags {CREDIT_LAG} s, so the run waited, then " if any(
-            f"{run_id}: waiting" in out for out in passes) else ""
+        waited = (
+            f"the vendor's lookup lags {CREDIT_LAG} s, so the run waited, then "
+            if any(f"{run_id}: waiting" in out for out in passes)
+            else ""
+        )
         if first.status == "completed" and first.resolution == "lookup":
             found = next((str(v) for k, v in (first.result or {}).items() if k.endswith("_id")), "it")
             return f"looked up by our key {key}: {waited}found {found}. Recorded; not done again."

@@ -24,8 +24,13 @@ def parse(request: dict[str, Any]) -> dict[str, Any]:
         lines = [{"sku": f"SKU-{n:05d}", "qty": 1 + n % 4} for n in range(count)]
     if not isinstance(lines, list) or not all(isinstance(x, dict) and "sku" in x for x in lines):
         raise Rejected("lines must be a list of objects with a sku")
-    return {"reference": reference, "buyer": buyer, "address": request.get("address", "1 Quay Street"),
-            "email": request.get("email", f"{buyer.lower().replace(' ', '.')}@example.com"), "lines": lines}
+    return {
+        "reference": reference,
+        "buyer": buyer,
+        "address": request.get("address", "1 Quay Street"),
+        "email": request.get("email", f"{buyer.lower().replace(' ', '.')}@example.com"),
+        "lines": lines,
+    }
 
 
 def price_of(line: dict[str, Any]) -> int:

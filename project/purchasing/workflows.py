@@ -52,43 +52,51 @@ def quote(ctx: Any) -> dict[str, Any]:
     return {"total": sum(prices), "lines": len(prices)}
 
 
-@purchase_order.step(policy="resolvable", lookup=by_key("credit", "lookup"),
-                     lookup_lag=timedelta(seconds=_config.credit.lookup_lag), timeout=CALL_TIMEOUT,
-                     fails_on=FarRejected)
+@purchase_order.step(
+    policy="resolvable",
+    lookup=by_key("credit", "lookup"),
+    lookup_lag=timedelta(seconds=_config.credit.lookup_lag),
+    timeout=CALL_TIMEOUT,
+    fails_on=FarRejected,
+)
 def credit_check(ctx: Any) -> dict[str, Any]:
     """Ask the credit vendor under our request id (the effect key); its lookup by that id lags."""
     order = ctx.results["parse_request"]
-    result = systems().credit.check(request_id=ctx.effect_key, buyer=order["buyer"],
-                                    amount=ctx.results["quote"]["total"])
+    result = systems().credit.check(
+        request_id=ctx.effect_key, buyer=order["buyer"], amount=ctx.results["quote"]["total"]
+    )
     testing.reached("after_effect", "credit_check")
     if not result["approved"]:
         raise Rejected(f"credit refused for {order['buyer']}: limit {result['limit']}")
     return result
 
 
-@purchase_order.step(policy="resolvable", lookup=by_key("payments", "lookup"), timeout=CALL_TIMEOUT,
-                     fails_on=FarRejected)
+@purchase_order.step(
+    policy="resolvable", lookup=by_key("payments", "lookup"), timeout=CALL_TIMEOUT, fails_on=FarRejected
+)
 def charge(ctx: Any) -> dict[str, Any]:
     """Charge the buyer under an idempotency key; the provider can be asked for the charge by that key."""
-    result = systems().payments.charge(amount=ctx.results["quote"]["total"], currency="EUR",
-                                       idempotency_key=ctx.effect_key)
+    result = systems().payments.charge(
+        amount=ctx.results["quote"]["total"], currency="EUR", idempotency_key=ctx.effect_key
+    )
     testing.reached("after_effect", "charge")
     return result
 
 
-@purchase_order.step(policy="resolvable", lookup=by_key("portal", "get_by_key"), timeout=CALL_TIMEOUT,
-                     fails_on=FarRejected)
+@purchase_order.step(
+    policy="resolvable", lookup=by_key("portal", "get_by_key"), timeout=CALL_TIMEOUT, fails_on=FarRejected
+)
 def place_order(ctx: Any) -> dict[str, Any]:
     """Submit the order to the supplier portal under our key. Never ask its lagging search whether it exists."""
     order = ctx.results["parse_request"]
-    result = systems().portal.submit_order(key=ctx.effect_key, reference=order["reference"],
-                                           lines=order["lines"])
+    result = systems().portal.submit_order(key=ctx.effect_key, reference=order["reference"], lines=order["lines"])
     testing.reached("after_effect", "place_order")
     return result
 
 
-@purchase_order.step(policy="resolvable", lookup=by_key("carrier", "lookup"), timeout=CALL_TIMEOUT,
-                     fails_on=FarRejected)
+@purchase_order.step(
+    policy="resolvable", lookup=by_key("carrier", "lookup"), timeout=CALL_TIMEOUT, fails_on=FarRejected
+)
 def book_shipment(ctx: Any) -> dict[str, Any]:
     """Book the shipment with the carrier under our key; the carrier looks bookings up by that key."""
     order = ctx.results["parse_request"]
@@ -103,7 +111,10 @@ def notify_buyer(ctx: Any) -> dict[str, Any]:
     sender's outbox for a message to the buyer whose subject names this order's reference; if it is
     there, it happened; if not, run it again."""
     order = ctx.results["parse_request"]
-    result = systems().email.send(to=order["email"], subject=f"{order['reference']} has shipped",
-                                  body=f"Shipment {ctx.results['book_shipment']['shipment_id']} is on its way.")
+    result = systems().email.send(
+        to=order["email"],
+        subject=f"{order['reference']} has shipped",
+        body=f"Shipment {ctx.results['book_shipment']['shipment_id']} is on its way.",
+    )
     testing.reached("after_effect", "notify_buyer")
     return result

@@ -4,8 +4,8 @@ in the states the endpoints render (an open escalation, a completed run)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -27,8 +27,11 @@ def fast_passwords(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+READ = ("view_runstate", "view_escalation")
+
+
 def user_with(username: str, *perms: str) -> User:
-    """A staff member holding exactly `perms` ("start_run", "decide_escalation")."""
+    """A staff member holding exactly `perms` ("view_runstate", "start_run", "decide_escalation", ...)."""
     user = User.objects.create_user(username=username, password="pw-" + username)
     for codename in perms:
         user.user_permissions.add(Permission.objects.get(content_type__app_label="durableruns", codename=codename))
@@ -36,18 +39,30 @@ def user_with(username: str, *perms: str) -> User:
 
 
 @pytest.fixture
+def outsider() -> User:
+    """Signed in, holding none of the app's permissions."""
+    return user_with("outsider")
+
+
+@pytest.fixture
 def reader() -> User:
-    return user_with("reader")
+    return user_with("reader", *READ)
 
 
 @pytest.fixture
 def starter() -> User:
-    return user_with("starter", "start_run")
+    return user_with("starter", *READ, "start_run")
 
 
 @pytest.fixture
 def decider() -> User:
-    return user_with("decider", "decide_escalation")
+    return user_with("decider", *READ, "decide_escalation")
+
+
+@pytest.fixture
+def operator() -> User:
+    """May cancel and retry runs."""
+    return user_with("operator", *READ, "cancel_run", "retry_run")
 
 
 @pytest.fixture
@@ -90,25 +105,65 @@ def bulk_runs(n: int, *, start: int = 0, escalate: bool = False) -> list[str]:
     fingerprint = get_workflow("scripted").fingerprint
     ids = [f"bulk-{i:05d}" for i in range(start, start + n)]
     RunState.objects.bulk_create(
-        RunState(run_id=run_id, workflow="scripted", plan_fingerprint=fingerprint, input={"n": i},
-                 status=RunStatus.NEEDS_DECISION if escalate else RunStatus.WAITING, cursor=1,
-                 created_at=now - timedelta(seconds=i), updated_at=now)
+        RunState(
+            run_id=run_id,
+            workflow="scripted",
+            plan_fingerprint=fingerprint,
+            input={"n": i},
+            status=RunStatus.NEEDS_DECISION if escalate else RunStatus.WAITING,
+            cursor=1,
+            created_at=now - timedelta(seconds=i),
+            updated_at=now,
+        )
         for i, run_id in enumerate(ids, start)
     )
     steps = []
     for run_id in ids:
-        steps.append(RunStep(run_id=run_id, step="first", attempt=1, status=StepStatus.COMPLETED,
-                             effect_key=effect_key(run_id, "first"), started_at=now, finished_at=now, result={}))
-        steps.append(RunStep(run_id=run_id, step="second", attempt=1, status=StepStatus.STARTED,
-                             effect_key=effect_key(run_id, "second"), started_at=now))
+        steps.append(
+            RunStep(
+                run_id=run_id,
+                step="first",
+                attempt=1,
+                status=StepStatus.COMPLETED,
+                effect_key=effect_key(run_id, "first"),
+                started_at=now,
+                finished_at=now,
+                result={},
+            )
+        )
+        steps.append(
+            RunStep(
+                run_id=run_id,
+                step="second",
+                attempt=1,
+                status=StepStatus.STARTED,
+                effect_key=effect_key(run_id, "second"),
+                started_at=now,
+            )
+        )
         if escalate:
-            steps.append(RunStep(run_id=run_id, step="third", attempt=1, status=StepStatus.STARTED,
-                                 effect_key=effect_key(run_id, "third"), started_at=now))
+            steps.append(
+                RunStep(
+                    run_id=run_id,
+                    step="third",
+                    attempt=1,
+                    status=StepStatus.STARTED,
+                    effect_key=effect_key(run_id, "third"),
+                    started_at=now,
+                )
+            )
     RunStep.objects.bulk_create(steps)
     if escalate:
         Escalation.objects.bulk_create(
-            Escalation(run_id=run_id, step="third", attempt=1, effect_key=effect_key(run_id, "third"),
-                       in_doubt_since=now, opened_at=now - timedelta(seconds=i), reason="nobody can look it up")
+            Escalation(
+                run_id=run_id,
+                step="third",
+                attempt=1,
+                effect_key=effect_key(run_id, "third"),
+                in_doubt_since=now,
+                opened_at=now - timedelta(seconds=i),
+                reason="nobody can look it up",
+            )
             for i, run_id in enumerate(ids, start)
         )
     return ids

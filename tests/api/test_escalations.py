@@ -37,7 +37,12 @@ def test_the_queue_lists_open_escalations_oldest_first_with_what_a_person_needs(
     assert [e["id"] for e in results] == [older.pk, newer.pk]
     item = results[0]
     assert (item["run_id"], item["workflow"], item["step"], item["attempt"], item["effect_key"]) == (
-        "po-older", "scripted", "third", 1, "po-older:third")
+        "po-older",
+        "scripted",
+        "third",
+        1,
+        "po-older:third",
+    )
     assert item["doc"] == "Nobody can look this up; decide by hand."
     assert item["sentence"].startswith("2 steps complete, third in doubt since ")
     assert item["in_doubt_since"] and item["opened_at"] and item["decision"] is None
@@ -55,10 +60,13 @@ def test_decided_escalations_are_shown_with_their_decision_on_request(client_for
     assert item["id"] == decided.pk
     decision = item["decision"]
     assert (decision["action"], decision["decided_by"], decision["note"], decision["result"]) == (
-        "abandon", "decider", "customer cancelled by phone", None)
+        "abandon",
+        "decider",
+        "customer cancelled by phone",
+        None,
+    )
     assert decision["decided_at"]
-    assert {e["id"] for e in client.get("/api/escalations/?state=all").json()["results"]} == {open_one.pk,
-                                                                                              decided.pk}
+    assert {e["id"] for e in client.get("/api/escalations/?state=all").json()["results"]} == {open_one.pk, decided.pk}
     response = client.get("/api/escalations/?state=closed")
     assert response.status_code == 400 and "state" in response.json()
 
@@ -81,8 +89,9 @@ def test_the_docstring_of_an_unknown_workflow_is_empty_not_an_error(client_for, 
         ("abandon", None, RunStatus.CANCELLED, [(1, "started")]),
     ],
 )
-def test_a_decision_records_who_and_why_and_the_next_pass_acts_on_it(client_for, decider, outcome, result, final,
-                                                                     third):
+def test_a_decision_records_who_and_why_and_the_next_pass_acts_on_it(
+    client_for, decider, outcome, result, final, third
+):
     escalation = escalated_run(run_id="po-9")
     body = {"outcome": outcome, "note": "checked the outbox"}
     if result is not None:
@@ -93,15 +102,21 @@ def test_a_decision_records_who_and_why_and_the_next_pass_acts_on_it(client_for,
     assert response.status_code == 200, response.content
     decision = response.json()["decision"]
     assert (decision["action"], decision["decided_by"], decision["note"], decision["result"]) == (
-        outcome, "decider", "checked the outbox", result)
+        outcome,
+        "decider",
+        "checked the outbox",
+        result,
+    )
     intervention = Intervention.objects.get(escalation=escalation)
     assert intervention.user_id == decider.pk and intervention.action == outcome
     expected = RunStatus.CANCELLED if outcome == "abandon" else RunStatus.PENDING  # resumable
     assert RunState.objects.get(pk="po-9").status == expected
     services.resume_due()
     assert RunState.objects.get(pk="po-9").status == final
-    assert list(RunStep.objects.filter(run_id="po-9", step="third").order_by("attempt")
-                .values_list("attempt", "status")) == third
+    assert (
+        list(RunStep.objects.filter(run_id="po-9", step="third").order_by("attempt").values_list("attempt", "status"))
+        == third
+    )
     if outcome == "happened":
         assert RunStep.objects.get(run_id="po-9", step="third").result == result
 
@@ -153,8 +168,9 @@ def test_invalid_decision_carries_its_code(client_for, decider):
 def test_malformed_json_decision_is_a_400(client_for, decider):
     escalation = escalated_run()
     before = counts()
-    response = client_for(decider).post(f"/api/escalations/{escalation.pk}/decide/", data="{outcome: happened",
-                                        content_type="application/json")
+    response = client_for(decider).post(
+        f"/api/escalations/{escalation.pk}/decide/", data="{outcome: happened", content_type="application/json"
+    )
     assert response.status_code == 400 and "JSON parse error" in response.json()["detail"]
     assert counts() == before
 

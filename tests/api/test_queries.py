@@ -11,8 +11,14 @@ from tests.api.conftest import bulk_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PAGES = ["/api/runs/", "/api/runs/?workflow=scripted&status=needs_decision", "/api/runs/?effect_key=bulk-00003:third",
-         "/api/runs/bulk-00003/", "/api/escalations/", "/api/escalations/?state=all"]
+PAGES = [
+    "/api/runs/",
+    "/api/runs/?workflow=scripted&status=needs_decision",
+    "/api/runs/?effect_key=bulk-00003:third",
+    "/api/runs/bulk-00003/",
+    "/api/escalations/",
+    "/api/escalations/?state=all",
+]
 
 
 def queries(client, url: str) -> int:
@@ -20,6 +26,12 @@ def queries(client, url: str) -> int:
         response = client.get(url)
     assert response.status_code == 200, response.content
     return len(captured)
+
+
+def captured_for(client, url: str) -> list[dict[str, str]]:
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(url).status_code == 200
+    return list(captured.captured_queries)
 
 
 def test_queries_do_not_grow_with_runs(client_for, reader):
@@ -32,10 +44,11 @@ def test_queries_do_not_grow_with_runs(client_for, reader):
     large = {url: queries(client, url) for url in PAGES}
 
     assert large == small
-    # token lookup + count + page + the attempts of the page's runs
-    assert small["/api/runs/"] == 4
-    # token lookup + count + page (escalation, run, decision joined) + the attempts of their runs
-    assert small["/api/escalations/"] == 4
+    # token lookup + the user's permissions (own, groups') + page + the attempts of the page's runs: no COUNT
+    assert small["/api/runs/"] == 5
+    # token lookup + permissions (2) + page (escalation, run, decision joined) + the attempts of their runs
+    assert small["/api/escalations/"] == 5
+    assert not any("COUNT(" in q["sql"].upper() for q in captured_for(client, "/api/runs/"))
     # and the pages really are full: 50 rows rendered from those few queries
     assert len(client.get("/api/escalations/").json()["results"]) == 50
 
@@ -50,5 +63,6 @@ def test_a_run_page_does_not_grow_with_its_attempts(client_for, reader):
         for n in range(2, 302)
     )
     many = queries(client, f"/api/runs/{run_id}/")
-    assert many == few == 5  # token, run, attempts, escalations with decisions, interventions
+    # token, permissions (2), run, attempts, escalations with decisions, interventions
+    assert many == few == 7
     assert len(client.get(f"/api/runs/{run_id}/").json()["attempts"]) == 303

@@ -17,8 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def counts() -> tuple[int, ...]:
-    return (RunState.objects.count(), RunStep.objects.count(), Escalation.objects.count(),
-            Intervention.objects.count())
+    return (RunState.objects.count(), RunStep.objects.count(), Escalation.objects.count(), Intervention.objects.count())
 
 
 # -- listing -----------------------------------------------------------------------------------------------
@@ -35,13 +34,29 @@ def test_the_list_is_newest_first_with_each_runs_sentence(client_for, reader):
 
     assert response.status_code == 200
     body = response.json()
-    assert body["count"] == 2 and [r["run_id"] for r in body["results"]] == ["po-newer", "po-older"]
+    assert [r["run_id"] for r in body["results"]] == ["po-newer", "po-older"]
+    assert set(body) == {"next", "previous", "results"}  # a cursor page: no count over a table that grows
     item = body["results"][1]
     assert item["sentence"] == "1 step complete, second in doubt since 14:07, 2 steps remaining"
-    assert (item["workflow"], item["status"], item["cursor"], item["owner"]) == ("scripted", "running", 1,
-                                                                                "dead-worker")
-    assert set(item) == {"run_id", "workflow", "status", "sentence", "cursor", "owner", "lease_expires_at",
-                         "wake_at", "reason", "created_at", "updated_at"}
+    assert (item["workflow"], item["status"], item["cursor"], item["owner"]) == (
+        "scripted",
+        "running",
+        1,
+        "dead-worker",
+    )
+    assert set(item) == {
+        "run_id",
+        "workflow",
+        "status",
+        "sentence",
+        "cursor",
+        "owner",
+        "lease_expires_at",
+        "wake_at",
+        "reason",
+        "created_at",
+        "updated_at",
+    }
     assert body["results"][0]["sentence"] == "0 steps complete, 3 steps remaining"
 
 
@@ -73,24 +88,40 @@ def test_an_unknown_status_filter_is_a_400_naming_the_parameter(client_for, read
     assert "status" in response.json() and "not a valid choice" in response.json()["status"][0]
 
 
-def test_the_list_is_paginated_by_50(client_for, reader):
+def test_the_list_is_paginated_by_50_with_a_cursor(client_for, reader):
     ids = bulk_runs(51)  # bulk-00000 is the newest
     client = client_for(reader)
     first = client.get("/api/runs/").json()
-    assert first["count"] == 51 and len(first["results"]) == 50 and first["previous"] is None
-    assert first["results"][0]["run_id"] == "bulk-00000" and first["next"].endswith("/api/runs/?page=2")
-    last = client.get("/api/runs/?page=2").json()
+    assert len(first["results"]) == 50 and first["previous"] is None and "count" not in first
+    assert first["results"][0]["run_id"] == "bulk-00000" and "cursor=" in first["next"]
+    last = client.get(first["next"]).json()
     assert [r["run_id"] for r in last["results"]] == ["bulk-00050"] and last["next"] is None
     assert {r["run_id"] for r in first["results"] + last["results"]} == set(ids)
-    assert client.get("/api/runs/?page=3").status_code == 404
+    assert client.get("/api/runs/?cursor=not-a-cursor").status_code == 404
+
+
+def test_runs_created_at_the_same_instant_are_neither_skipped_nor_repeated(client_for, reader, settings):
+    settings.DURABLERUNS_API_PAGE_SIZE = 3
+    ids = bulk_runs(10)
+    RunState.objects.update(created_at=timezone.now())  # one timestamp: only the run_id orders them
+    client = client_for(reader)
+    seen: list[str] = []
+    url: str | None = "/api/runs/"
+    while url:
+        page = client.get(url).json()
+        assert len(page["results"]) <= 3
+        seen += [r["run_id"] for r in page["results"]]
+        url = page["next"]
+    assert seen == sorted(ids, reverse=True)  # newest first, the unique run_id breaking the tie
 
 
 # -- starting ----------------------------------------------------------------------------------------------
 
 
 def test_starting_a_run_records_it_pending_and_answers_201_with_the_run(client_for, starter):
-    response = client_for(starter).post("/api/runs/", {"workflow": "scripted", "input": {"a": 1},
-                                                       "run_id": "po-2026:17"}, format="json")
+    response = client_for(starter).post(
+        "/api/runs/", {"workflow": "scripted", "input": {"a": 1}, "run_id": "po-2026:17"}, format="json"
+    )
     assert response.status_code == 201, response.content
     assert response["Location"] == "/api/runs/po-2026:17/"
     body = response.json()
@@ -139,8 +170,9 @@ def test_the_durableruns_errors_carry_a_code(client_for, starter):
 
 def test_malformed_json_is_a_400_and_changes_nothing(client_for, starter):
     before = counts()
-    response = client_for(starter).post("/api/runs/", data='{"workflow": "scripted", "input": {',
-                                        content_type="application/json")
+    response = client_for(starter).post(
+        "/api/runs/", data='{"workflow": "scripted", "input": {', content_type="application/json"
+    )
     assert response.status_code == 400 and "JSON parse error" in response.json()["detail"]
     assert counts() == before
 
@@ -166,8 +198,9 @@ def test_a_form_body_is_refused_415(client_for, starter):
 def test_a_duplicate_run_id_is_a_409_and_the_first_run_is_untouched(client_for, starter):
     make_run(input={"first": "ok"}, run_id="po-1")
     before = counts()
-    response = client_for(starter).post("/api/runs/", {"workflow": "order", "input": {"x": 2}, "run_id": "po-1"},
-                                        format="json")
+    response = client_for(starter).post(
+        "/api/runs/", {"workflow": "order", "input": {"x": 2}, "run_id": "po-1"}, format="json"
+    )
     assert response.status_code == 409
     assert response.json()["code"] == "duplicate_run" and response.json()["run_id"] == "po-1"
     assert "exists already" in response.json()["detail"]
@@ -191,12 +224,18 @@ def test_a_run_in_full_shows_its_boundary_attempts_escalation_and_decision(clien
     assert body["sentence"].startswith("2 steps complete, third in doubt since ")
     plan = body["boundary"]["plan"]
     assert [(p["step"], p["zone"], p["policy"]) for p in plan] == [
-        ("first", "done", "re_executable"), ("second", "done", "resolvable"), ("third", "in_doubt", "escalate")]
+        ("first", "done", "re_executable"),
+        ("second", "done", "resolvable"),
+        ("third", "in_doubt", "escalate"),
+    ]
     assert plan[2]["since"] is not None and plan[0]["since"] is None and plan[2]["attempt"] == 1
     assert body["boundary"]["done"] == ["first", "second"] and body["boundary"]["in_doubt"] == ["third"]
     assert body["boundary"]["remainder"] == ["third"] and body["boundary"]["failed"] == []
     assert [(a["step"], a["attempt"], a["status"]) for a in body["attempts"]] == [
-        ("first", 1, "completed"), ("second", 1, "completed"), ("third", 1, "started")]
+        ("first", 1, "completed"),
+        ("second", 1, "completed"),
+        ("third", 1, "started"),
+    ]
     third = body["attempts"][2]
     assert third["effect_key"] == "po:7-a:third" and third["owner"] == "dead-worker" and third["epoch"] == 1
     assert set(third) >= {"started_at", "finished_at", "error", "result", "loop_cursor", "resolution"}
@@ -205,7 +244,10 @@ def test_a_run_in_full_shows_its_boundary_attempts_escalation_and_decision(clien
     assert esc["decision"]["action"] == "did_not_happen" and esc["decision"]["decided_by"] == "decider"
     [intervention] = body["interventions"]
     assert (intervention["decided_by"], intervention["note"], intervention["escalation_id"]) == (
-        "decider", "outbox is empty", escalation.pk)
+        "decider",
+        "outbox is empty",
+        escalation.pk,
+    )
 
 
 def test_a_failed_step_shows_in_the_failed_zone(client_for, reader, settings):
@@ -224,8 +266,7 @@ def test_a_run_of_a_workflow_this_deploy_does_not_know_still_renders(client_for,
     RunState.objects.filter(pk="ghost").update(workflow="retired_flow")
     body = client_for(reader).get("/api/runs/ghost/").json()
     assert body["workflow"] == "retired_flow"
-    assert body["boundary"]["plan"] == [
-        {"step": "first", "zone": "done", "since": None, "attempt": 1, "policy": None}]
+    assert body["boundary"]["plan"] == [{"step": "first", "zone": "done", "since": None, "attempt": 1, "policy": None}]
 
 
 def test_an_unknown_run_is_a_404_naming_it(client_for, reader):
@@ -236,7 +277,11 @@ def test_an_unknown_run_is_a_404_naming_it(client_for, reader):
 
 def test_a_run_id_with_a_slash_is_reachable(client_for, starter):
     client = client_for(starter)
-    assert client.post("/api/runs/", {"workflow": "scripted", "input": {}, "run_id": "acme/po-1"},
-                       format="json").status_code == 201
+    assert (
+        client.post(
+            "/api/runs/", {"workflow": "scripted", "input": {}, "run_id": "acme/po-1"}, format="json"
+        ).status_code
+        == 201
+    )
     response = client.get("/api/runs/acme/po-1/")
     assert response.status_code == 200 and response.json()["run_id"] == "acme/po-1"

@@ -47,9 +47,7 @@ class CreditVendor(FarSystem[CreditConfig]):
         if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
             raise ValueError(f"amount must be a non-negative integer (cents), got {amount!r}")
         limit = credit_limit(buyer)
-        payload = encode_payload(
-            {"buyer": buyer, "amount": amount, "approved": amount <= limit, "limit": limit}
-        )
+        payload = encode_payload({"buyer": buyer, "amount": amount, "approved": amount <= limit, "limit": limit})
         return self._perform(
             "check",
             lambda conn: self._result(self._insert(conn, key=request_id, payload=payload)),

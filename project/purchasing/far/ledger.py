@@ -194,29 +194,22 @@ class FarSystem(ABC, Generic[C]):
 
     @staticmethod
     def _effect(row: sqlite3.Row) -> Effect:
-        effect: Effect = dict(zip(row.keys(), row))
+        effect: Effect = dict(zip(row.keys(), row, strict=True))
         effect["payload"] = json.loads(effect["payload"])
         return effect
 
-    def _insert(
-        self, conn: sqlite3.Connection, *, key: str | None, payload: str, **extra: object
-    ) -> Effect:
+    def _insert(self, conn: sqlite3.Connection, *, key: str | None, payload: str, **extra: object) -> Effect:
         """Record one effect inside the caller's transaction and return it as stored."""
         # Timestamped after BEGIN IMMEDIATE acquired the lock, so created_at follows commit
         # order and "visible after lag" checks measure from (nearly) the commit.
         created_at = time.time()
         names = ("key", "payload", "created_at", *extra)
-        sql = (
-            f"INSERT INTO effects ({', '.join(names)}) "
-            f"VALUES ({', '.join('?' for _ in names)})"
-        )
+        sql = f"INSERT INTO effects ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})"
         row_id = conn.execute(sql, (key, payload, created_at, *extra.values())).lastrowid
         row = conn.execute("SELECT * FROM effects WHERE id = ?", (row_id,)).fetchone()
         return self._effect(row)
 
-    def _first_effect(
-        self, conn: sqlite3.Connection, key: str, *, visible_after: float = 0.0
-    ) -> Effect | None:
+    def _first_effect(self, conn: sqlite3.Connection, key: str, *, visible_after: float = 0.0) -> Effect | None:
         """The earliest effect recorded for ``key`` that is at least ``visible_after`` s old.
 
         Keyed systems that do not deduplicate may hold several effects per key; the earliest
@@ -268,16 +261,13 @@ class FarSystem(ABC, Generic[C]):
 
     def counts_by_key(self) -> dict[str, int]:
         """Number of effects per key; effects without a key (email) are not included."""
-        rows = self._query(
-            "SELECT key, COUNT(*) FROM effects WHERE key IS NOT NULL GROUP BY key ORDER BY key"
-        )
+        rows = self._query("SELECT key, COUNT(*) FROM effects WHERE key IS NOT NULL GROUP BY key ORDER BY key")
         return {row[0]: int(row[1]) for row in rows}
 
     def duplicates(self) -> dict[str, int]:
         """Keys with more than one effect: the double orders/shipments a crash-safe run avoids."""
         rows = self._query(
-            "SELECT key, COUNT(*) FROM effects WHERE key IS NOT NULL "
-            "GROUP BY key HAVING COUNT(*) > 1 ORDER BY key"
+            "SELECT key, COUNT(*) FROM effects WHERE key IS NOT NULL GROUP BY key HAVING COUNT(*) > 1 ORDER BY key"
         )
         return {row[0]: int(row[1]) for row in rows}
 

@@ -36,9 +36,7 @@ class SupplierPortal(FarSystem[PortalConfig]):
             "lines": effect["payload"]["lines"],
         }
 
-    def submit_order(
-        self, *, key: str, reference: str, lines: Sequence[Mapping[str, Any]]
-    ) -> dict[str, Any]:
+    def submit_order(self, *, key: str, reference: str, lines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Create an order (even if one with this key exists) and return it."""
         require_key("key", key)
         require_key("reference", reference)
@@ -57,8 +55,7 @@ class SupplierPortal(FarSystem[PortalConfig]):
         """Orders with this reference, as seen by the lagging replica (may miss recent ones)."""
         self._delay()
         rows = self._query(
-            "SELECT * FROM effects WHERE reference = ? AND (lag <= 0 OR ? - created_at >= lag) "
-            "ORDER BY id",
+            "SELECT * FROM effects WHERE reference = ? AND (lag <= 0 OR ? - created_at >= lag) ORDER BY id",
             (reference, time.time()),
         )
         return [self._order(self._effect(row)) for row in rows]

@@ -29,8 +29,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--runs", type=_run_count, default=5, help="Purchase orders to start (default 5).")
-        parser.add_argument("--seed", type=int, default=41,
-                            help="Seed of the far systems' randomness, e.g. the portal's replica lag (default 41).")
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=41,
+            help="Seed of the far systems' randomness, e.g. the portal's replica lag (default 41).",
+        )
 
     def handle(self, *args: Any, runs: int, seed: int, **options: Any) -> None:
         def say(line: str) -> None:
@@ -42,5 +46,6 @@ class Command(BaseCommand):
         except DemoError as exc:
             raise CommandError(f"the demo went wrong: {exc}") from exc
         except DatabaseError as exc:
-            raise CommandError(f"database error: {exc}\nIs the database migrated? bin/demo runs "
-                               "`manage.py migrate` first.") from exc
+            raise CommandError(
+                f"database error: {exc}\nIs the database migrated? bin/demo runs `manage.py migrate` first."
+            ) from exc
