@@ -12,8 +12,8 @@ every statement and comparison, so two clocks are never mixed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 

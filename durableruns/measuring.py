@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-
 from durableruns import store
 from durableruns.context import StepContext
 from durableruns.engine import ensure_autocommit, step_timeout

@@ -143,7 +143,11 @@ def cap_crashes(verdict: Next, *, step: str, crashes: int, max_crashes: int) -> 
     A crash is not a failure: the process died, or the call raised something that proves nothing, so nothing
     was observed to fail and the run must never be `failed` for it. It still must not loop for ever."""
     if verdict.action is Action.RUN and crashes >= max_crashes:
-        return Next(action=Action.STOP, reason=(
-            f"{step} ended in doubt {crashes} times (the worker died, or the call raised without an answer): the "
-            f"crash budget of {max_crashes} is used up; staff decide (retry it, or cancel the run)"))
+        return Next(
+            action=Action.STOP,
+            reason=(
+                f"{step} ended in doubt {crashes} times (the worker died, or the call raised without an answer): the "
+                f"crash budget of {max_crashes} is used up; staff decide (retry it, or cancel the run)"
+            ),
+        )
     return verdict

@@ -30,6 +30,7 @@ from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
 
+
 def default_owner() -> str:
     """Name this worker process: host and pid, so an operator can find it."""
     return f"{socket.gethostname()}:{os.getpid()}"

@@ -104,8 +104,7 @@ class Heartbeat:
         try:
             renewed = store.renew_all(leases, clock=self.clock)
         except DatabaseError as exc:
-            log.warning("%d lease(s) not renewed (%s); reconnecting for the next beat", len(leases),
-                        str(exc).strip())
+            log.warning("%d lease(s) not renewed (%s); reconnecting for the next beat", len(leases), str(exc).strip())
             _drop_connection()
             return
         self.beats += 1

@@ -118,8 +118,10 @@ class PassReport:
         counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts().items())) or "nothing due"
         crashed = f", {len(self.crashed)} raised" if self.crashed else ""
         pickup = f"; {self.pickup}" if self.pickup else ""
-        return (f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
-                f"{self.steps_run} step(s) run{pickup}")
+        return (
+            f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
+            f"{self.steps_run} step(s) run{pickup}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,11 +136,24 @@ class InHand:
 class WorkerPool:
     """Work due runs with `concurrency` threads until nothing is due (or, with `waker`, until stopped)."""
 
-    def __init__(self, *, concurrency: int, owner: str, lease_seconds: float, clock: Clock, heartbeat: Heartbeat,
-                 report: PassReport, budget: Budget, run_id: str | None = None, deadline: float | None = None,
-                 stopping: Stopping | None = None, waker: Waker | None = None, idle_seconds: float = 5.0,
-                 timer: Callable[[], float | None] | None = None,
-                 on_outcome: Callable[[RunOutcome], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        concurrency: int,
+        owner: str,
+        lease_seconds: float,
+        clock: Clock,
+        heartbeat: Heartbeat,
+        report: PassReport,
+        budget: Budget,
+        run_id: str | None = None,
+        deadline: float | None = None,
+        stopping: Stopping | None = None,
+        waker: Waker | None = None,
+        idle_seconds: float = 5.0,
+        timer: Callable[[], float | None] | None = None,
+        on_outcome: Callable[[RunOutcome], None] | None = None,
+    ) -> None:
         self.concurrency = concurrency
         self.owner = owner
         self.lease_seconds = lease_seconds
@@ -172,8 +187,12 @@ class WorkerPool:
         if self.concurrency == 1:
             self._thread_main(self.owner, own_connection=False)
         else:
-            threads = [threading.Thread(target=self._thread_main, args=(f"{self.owner}#{n}",), daemon=True,
-                                        name=f"durableruns-worker-{n}") for n in range(1, self.concurrency + 1)]
+            threads = [
+                threading.Thread(
+                    target=self._thread_main, args=(f"{self.owner}#{n}",), daemon=True, name=f"durableruns-worker-{n}"
+                )
+                for n in range(1, self.concurrency + 1)
+            ]
             for thread in threads:
                 thread.start()
             # Joined in slices: the main thread stays free for signals, and gives up on threads whose step
@@ -183,8 +202,11 @@ class WorkerPool:
                     thread.join(0.05)
                 since = self.stopping.since
                 if grace is not None and since is not None and time.monotonic() - since >= grace:
-                    log.warning("stopping: %d thread(s) still in a step after the %gs grace period; leaving them",
-                                sum(t.is_alive() for t in threads), grace)
+                    log.warning(
+                        "stopping: %d thread(s) still in a step after the %gs grace period; leaving them",
+                        sum(t.is_alive() for t in threads),
+                        grace,
+                    )
                     break
         if self.error is not None:
             raise self.error
@@ -223,9 +245,14 @@ class WorkerPool:
         while not self.stopping.is_set() and not self._past_deadline():
             if not self.budget.take():
                 return worked, True
-            claimed = store.claim(owner=owner, lease_seconds=self.lease_seconds, clock=self.clock,
-                                  run_id=self.run_id, first_steps=first_steps(),
-                                  before_first_intent=_before_first_intent())
+            claimed = store.claim(
+                owner=owner,
+                lease_seconds=self.lease_seconds,
+                clock=self.clock,
+                run_id=self.run_id,
+                first_steps=first_steps(),
+                before_first_intent=_before_first_intent(),
+            )
             if claimed is None:
                 self.budget.give_back()
                 break
@@ -233,7 +260,8 @@ class WorkerPool:
             run_id = claimed.lease.run_id
             with self._lock:
                 self._in_hand[threading.current_thread().name] = InHand(
-                    run_id=run_id, thread=owner, since=time.monotonic())
+                    run_id=run_id, thread=owner, since=time.monotonic()
+                )
             try:
                 outcome = engine.work(claimed)
             except (DataError, IntegrityError) as exc:  # this run's data, not the database's health
@@ -268,9 +296,13 @@ def set_aside(lease: store.Lease, exc: Exception, clock: Clock) -> str:
     error = f"{type(exc).__name__}: {exc}".strip()
     log.error("run %s: durableruns raised while working it: %s", lease.run_id, error, exc_info=exc)
     try:
-        store.release(lease, status=RunStatus.WAITING, clock=clock,
-                      wake_at=clock.now() + conf.internal_error_backoff(),
-                      reason=f"durableruns raised while working this run ({error}); trying again after a backoff")
+        store.release(
+            lease,
+            status=RunStatus.WAITING,
+            clock=clock,
+            wake_at=clock.now() + conf.internal_error_backoff(),
+            reason=f"durableruns raised while working this run ({error}); trying again after a backoff",
+        )
     except FencedOut:
         pass
     except DatabaseError as again:  # the lease runs out on its own and the run is taken again then

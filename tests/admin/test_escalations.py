@@ -114,7 +114,8 @@ def test_staff_without_the_permission_are_offered_to_decide_nowhere_and_read_eve
     assert f"read it (escalation #{escalation.pk})" in run_page
     assert "deciding needs the permission" in as_viewer.get(QUEUE).content.decode()
     # Whoever may decide is offered to, on the run page and on the escalation's.
-    assert f"decide it (escalation #{escalation.pk})" in offers_to_decide(as_operator.get(pages["run"]).content.decode())
+    run_page = as_operator.get(pages["run"]).content.decode()
+    assert f"decide it (escalation #{escalation.pk})" in offers_to_decide(run_page)
     assert 'name="outcome"' in offers_to_decide(as_operator.get(page(escalation)).content.decode())
 
 

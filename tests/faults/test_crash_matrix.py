@@ -197,5 +197,6 @@ def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
     assert duplicates(far) == {}
     assert far.email.count() == len(cases)
     assert Escalation.objects.open().count() == 0
-    fault_report(f"crash matrix with {concurrency} thread(s) per worker", {"cases": len(cases), "kills": len(crashers), "runs": len(cases),
-                                  "effects": total_effects(far), "duplicates": sum(map(len, duplicates(far).values()))})
+    fault_report(f"crash matrix with {concurrency} thread(s) per worker", {
+        "cases": len(cases), "kills": len(crashers), "runs": len(cases), "effects": total_effects(far),
+        "duplicates": sum(map(len, duplicates(far).values()))})

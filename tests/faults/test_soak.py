@@ -130,7 +130,8 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
     left_in_doubt = RunStep.objects.filter(status="started").count()
     by_lookup = RunStep.objects.filter(resolution="lookup").count()
     assert kills >= 10 and left_in_doubt + by_lookup > 0
-    fault_report(f"soak with {concurrency} thread(s) per worker", {"runs": RUNS, "kills": kills, "effects": total_effects(far),
+    fault_report(f"soak with {concurrency} thread(s) per worker", {
+                          "runs": RUNS, "kills": kills, "effects": total_effects(far),
                           "duplicates": sum(map(len, duplicates(far).values())),
                           "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
                           "escalated": len(waiting)})

@@ -344,7 +344,6 @@ def test_the_claim_takes_the_oldest_due_run_and_never_one_that_is_not_due():
 
 def test_a_live_lease_is_not_taken_and_cancel_fences_the_holder():
     run_id = make_run()
-    now = timezone.now()
     held = store.claim(owner="a", lease_seconds=30).lease
     assert store.claim(owner="b", lease_seconds=30) is None
     assert store.claim(owner="b", lease_seconds=30, run_id=run_id) is None
@@ -374,7 +373,6 @@ def test_the_heartbeat_keeps_the_lease_of_a_long_step():
 
 def test_a_result_for_an_attempt_no_longer_started_writes_nothing_at_all():
     run_id = make_run()
-    now = timezone.now()
     lease = store.claim(owner="a", lease_seconds=30).lease
     store.record_intent(lease, Intent(step="first", attempt=1, effect_key="k", cursor=0))
     store.record_result(lease, step="first", attempt=1, result={"n": 1}, cursor=1)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import signal
 import time
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from durableruns import services, store
-from durableruns.store import Lease
 from durableruns.models import RunState, RunStatus, RunStep
+from durableruns.store import Lease
 from durableruns.worker.heartbeat import Heartbeat
 from tests.conftest import wait_until
 from tests.factories import make_run

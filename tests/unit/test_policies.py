@@ -12,10 +12,10 @@ from durableruns.policies import (
     Next,
     Outcome,
     Policy,
+    absence_provable_at,
     after_failure,
     after_lookup,
     after_lookup_error,
-    absence_provable_at,
     cap_attempts,
     cap_crashes,
     settle_in_doubt,
@@ -109,7 +109,8 @@ def test_crashes_never_fail_a_run_they_stop_it_for_staff_once_the_budget_is_used
 def test_absence_is_provable_from_the_last_renewal_not_the_start():
     worked_long = StepAttempt(step="charge", attempt=1, status="started", started_at=T0,
                               renewed_at=T0 + timedelta(seconds=40))
-    assert absence_provable_at(worked_long, timeout=TIMEOUT, lookup_lag=LAG) == T0 + timedelta(seconds=40) + TIMEOUT + LAG
+    provable = T0 + timedelta(seconds=40) + TIMEOUT + LAG
+    assert absence_provable_at(worked_long, timeout=TIMEOUT, lookup_lag=LAG) == provable
     never_renewed = StepAttempt(step="charge", attempt=1, status="started", started_at=T0)
     assert absence_provable_at(never_renewed, timeout=TIMEOUT, lookup_lag=LAG) == T0 + TIMEOUT + LAG
     verdict = after_lookup(None, attempt=worked_long, now=T0 + TIMEOUT + LAG + timedelta(seconds=1),
