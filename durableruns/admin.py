@@ -359,7 +359,11 @@ class RunStateAdmin(ReadOnlyRecord):
 
     @admin.display(description="where it stands")
     def where_it_stands(self, run: RunState) -> SafeString:
-        sentence = _sentence(_boundary(run))
+        boundary = _boundary(run)
+        sentence = _sentence(boundary)
+        outlived = services.outlived_timeout(run, boundary, now=timezone.now())
+        if outlived:
+            return format_html('{}<div class="dr-why"><strong>{}</strong></div>', sentence, outlived)
         if not run.reason:
             return format_html("{}", sentence)
         return format_html('{}<div class="dr-why">{}</div>', sentence, Truncator(run.reason).chars(160))
@@ -402,8 +406,9 @@ class RunStateAdmin(ReadOnlyRecord):
                 "escalation": open_by_step.get(name) if zone is Zone.IN_DOUBT else None,
                 "attempts": [self._attempt_row(r) for r in by_step.get(name, [])],
             })
+        outlived = services.outlived_timeout(run, boundary, now=timezone.now())
         return {
-            "sentence": _sentence(boundary),
+            "sentence": f"{_sentence(boundary)}. {outlived}" if outlived else _sentence(boundary),
             "steps": steps,
             "attempt_count": len(rows),
             "escalations": escalations,

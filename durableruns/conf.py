@@ -56,6 +56,12 @@ def shutdown_grace() -> float:
     return float(getattr(settings, "DURABLERUNS_SHUTDOWN_GRACE_SECONDS", 30.0))
 
 
+def stuck_margin() -> timedelta:
+    """How long past its declared timeout a step in hand may run before the worker's log, its summary and the admin
+    say it outlived it; DURABLERUNS_STUCK_MARGIN_SECONDS, 60 by default."""
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_STUCK_MARGIN_SECONDS", 60.0)))
+
+
 def default_timeout() -> timedelta:
     """The longest a step's far call may stay open when the step declares no timeout."""
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_DEFAULT_TIMEOUT_SECONDS", 30.0)))

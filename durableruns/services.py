@@ -8,12 +8,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from durableruns import conf, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
-from durableruns.engine import RunOutcome
+from durableruns.engine import RunOutcome, step_timeout
 from durableruns.errors import (
     EscalationNotFound,
     InvalidDecision,
@@ -29,6 +30,7 @@ from durableruns.registry import get_workflow
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
+from durableruns.worker.watchdog import Watchdog
 
 
 def default_owner() -> str:
@@ -142,8 +144,10 @@ def resume_due(
             listener.listening.wait(2.0)
             pickup = f"{listener.state}, polling every {idle_seconds:g}s as a fallback"
         on_start(f"{concurrency} thread(s); {pickup}")
+    watchdog = None
     try:
         with Heartbeat(clock) as heartbeat:
+            watchdog = Watchdog(heartbeat, clock=clock).start()
             pool = WorkerPool(
                 concurrency=concurrency, owner=owner or default_owner(), clock=clock, heartbeat=heartbeat,
                 lease_seconds=conf.lease_seconds() if lease_seconds is None else lease_seconds, report=report,
@@ -155,6 +159,9 @@ def resume_due(
             finally:
                 report.seconds = time.monotonic() - began
     finally:
+        if watchdog is not None:
+            watchdog.stop()
+            report.outlived = [str(step) for step in watchdog.seen.values()]
         if listener is not None:
             report.pickup = listener.state
             listener.stop()
@@ -290,6 +297,26 @@ def retry_run(run_id: str, *, by: Any, note: str) -> Intervention:
         run_id, action=Intervention.Action.RETRY, allowed_from=retryable, new_status=RunStatus.PENDING,
         decided_by=decided_by, user_id=user_id, note=_required_note(note), step=step, attempt=attempt,
     )
+
+
+def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:
+    """For a run held under a live lease, say if the step in hand has outlived its declared timeout by the margin
+    (which thread, since when): it blocks that thread of its worker. '' otherwise. For display only: `now` is
+    the page's time, no ownership is decided by it."""
+    if run.status != RunStatus.RUNNING or not b.in_doubt or not run.lease_expires_at or run.lease_expires_at < now:
+        return ""
+    step = b.in_doubt[-1]
+    since = b.latest[step].started_at
+    try:
+        timeout = step_timeout(get_workflow(run.workflow)[step])
+    except (UnknownWorkflow, KeyError):
+        return ""
+    if since is None or now - since <= timeout + conf.stuck_margin():
+        return ""
+    age = (now - since).total_seconds()
+    held = f"{age:.0f} s" if age < 120 else f"{age / 60:.0f} min"
+    return (f"{step} has been in hand for {held} on {run.owner} (since {since:%Y-%m-%d %H:%M:%S}), past its "
+            f"{timeout.total_seconds():g}s timeout")
 
 
 def step_policy(run: RunState, step: str) -> Policy | None:

@@ -108,6 +108,11 @@ DURABLERUNS_RETRY_BACKOFF_MAX_SECONDS = env.float("DURABLERUNS_RETRY_BACKOFF_MAX
 DURABLERUNS_LOOKUP_RETRY_SECONDS = env.float("DURABLERUNS_LOOKUP_RETRY_SECONDS", default=5.0)
 # The PostgreSQL hot path prepares its statements; off behind a pooler that cannot keep prepared statements.
 DURABLERUNS_PREPARED_STATEMENTS = env.bool("DURABLERUNS_PREPARED_STATEMENTS", default=True)
+# Worker processes: threads per resume_runs, the crash budget, how long past a step's timeout it is "stuck".
+DURABLERUNS_CONCURRENCY = env.int("DURABLERUNS_CONCURRENCY", default=4)
+DURABLERUNS_MAX_CRASHES = env.int("DURABLERUNS_MAX_CRASHES", default=100)
+DURABLERUNS_STUCK_MARGIN_SECONDS = env.float("DURABLERUNS_STUCK_MARGIN_SECONDS", default=60.0)
+DURABLERUNS_SHUTDOWN_GRACE_SECONDS = env.float("DURABLERUNS_SHUTDOWN_GRACE_SECONDS", default=30.0)
 
 LOGGING = {
     "version": 1,

@@ -141,3 +141,13 @@ def nap(ctx: Any) -> dict[str, Any]:
 def after_nap(ctx: Any) -> dict[str, Any]:
     time.sleep(float(ctx.input.get("nap", 0.5)))
     return {}
+
+
+# A step that blocks far past its declared timeout: the watchdog must name it while the other threads go on.
+stuck_probe = Workflow("stuck_probe")
+
+
+@stuck_probe.step(policy="re_executable", timeout=timedelta(seconds=0.2))
+def blocks(ctx: Any) -> dict[str, Any]:
+    time.sleep(float(os.environ.get("TEST_STUCK_SECONDS", 4)))
+    return {}

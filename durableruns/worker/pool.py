@@ -103,6 +103,7 @@ class PassReport:
     crashed: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
     pickup: str = ""  # how idle threads were woken at the end: the listener's state, or polling
+    outlived: list[str] = field(default_factory=list)  # steps in hand that outlived their timeout (watchdog)
 
     @property
     def steps_run(self) -> int:
@@ -118,9 +119,10 @@ class PassReport:
         counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts().items())) or "nothing due"
         crashed = f", {len(self.crashed)} raised" if self.crashed else ""
         pickup = f"; {self.pickup}" if self.pickup else ""
+        outlived = "".join(f"\n  outlived its timeout: {step}" for step in self.outlived)
         return (
             f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
-            f"{self.steps_run} step(s) run{pickup}"
+            f"{self.steps_run} step(s) run{pickup}{outlived}"
         )
 
 

@@ -88,3 +88,27 @@ def test_a_second_signal_exits_at_once_and_the_record_stays_safe(workers):
     worker.communicate(timeout=10)  # the step sleeps 20 s: only an immediate exit ends within this
     assert worker.returncode == 128 + signal.SIGTERM
     assert list(RunStep.objects.filter(run_id=run_id).values_list("status", flat=True)) == ["started"]  # in doubt
+
+
+def test_a_step_that_outlives_its_timeout_is_named_while_the_other_threads_go_on(workers, client,
+                                                                                 django_user_model, settings):
+    stuck = make_run("stuck_probe")
+    worker = workers.start("--loop", "--concurrency", "2", "--interval", "0.1", "--worker", "w",
+                           DURABLERUNS_STUCK_MARGIN_SECONDS="0.5", TEST_STUCK_SECONDS="5")
+    wait_until(lambda: RunStep.objects.filter(run_id=stuck, status="started").exists(), what="the blocking step")
+    others = [make_run("scripted") for _ in range(4)]
+    wait_until(lambda: RunState.objects.filter(pk__in=others, status=RunStatus.COMPLETED).count() == 4,
+               what="the other thread to work the other runs")
+    # The admin's runs list says so too, on the database's record alone.
+    settings.DURABLERUNS_STUCK_MARGIN_SECONDS = 0.5
+    staff = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.force_login(staff)
+    wait_until(lambda: "blocks has been in hand for" in client.get("/admin/durableruns/runstate/").content.decode(),
+               what="the admin to name the blocked step")
+    page = client.get("/admin/durableruns/runstate/").content.decode()
+    assert "past its 0.2s timeout" in page and "on w#" in page
+    worker.terminate()
+    out, err = worker.communicate(timeout=30)
+    assert f"run {stuck}: blocks (attempt 1) in hand on w#" in err and "past its 0.2s timeout" in err, err
+    assert err.count(f"run {stuck}: blocks") == 1  # said once, not at every look
+    assert "outlived its timeout: run" in out  # and in the summary

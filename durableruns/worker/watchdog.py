@@ -1,0 +1,111 @@
+"""Say which steps in hand have outlived their declared timeout: a step that blocks for ever holds its thread, and
+an operator must be told which run, on which thread, since when, while the other threads go on working.
+
+It reads the runs the heartbeat holds, so it sees exactly what this process has in hand, and ages each step on
+the database's clock. Each such step is logged once, and kept for the pass's summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import DatabaseError, connections
+
+from durableruns import conf
+from durableruns.clock import Clock
+from durableruns.engine import step_timeout
+from durableruns.errors import UnknownWorkflow
+from durableruns.models import RunStep, StepStatus
+from durableruns.registry import get_workflow
+from durableruns.worker.heartbeat import Heartbeat
+
+log = logging.getLogger("durableruns")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outlived:
+    """A step in hand past its timeout plus the margin."""
+
+    run_id: str
+    step: str
+    attempt: int
+    thread: str  # the owner the run was claimed under: host:pid#thread
+    since: datetime
+    timeout: timedelta
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run_id}: {self.step} (attempt {self.attempt}) in hand on {self.thread} since "
+            f"{self.since:%Y-%m-%d %H:%M:%S}, past its {self.timeout.total_seconds():g}s timeout"
+        )
+
+
+def outlived(leases_of: Heartbeat, *, clock: Clock, margin: timedelta) -> list[Outlived]:
+    """The steps in hand (started under the epoch the process holds) older than their timeout plus `margin`."""
+    held = {lease.run_id: lease for lease in leases_of.held()}
+    if not held:
+        return []
+    now = clock.now()
+    found = []
+    rows = RunStep.objects.filter(run_id__in=list(held), status=StepStatus.STARTED).select_related("run")
+    for row in rows:
+        if row.epoch != held[row.run_id].epoch:  # an older attempt in doubt, not the one in hand
+            continue
+        try:
+            timeout = step_timeout(get_workflow(row.run.workflow)[row.step])
+        except (UnknownWorkflow, KeyError):
+            continue
+        if now - row.started_at > timeout + margin:
+            found.append(
+                Outlived(
+                    run_id=row.run_id,
+                    step=row.step,
+                    attempt=row.attempt,
+                    thread=row.owner,
+                    since=row.started_at,
+                    timeout=timeout,
+                )
+            )
+    return found
+
+
+class Watchdog:
+    """A thread that looks at the steps in hand every few seconds and logs each one past its timeout, once."""
+
+    def __init__(self, heartbeat: Heartbeat, *, clock: Clock, margin: timedelta | None = None) -> None:
+        self.heartbeat = heartbeat
+        self.clock = clock
+        self.margin = conf.stuck_margin() if margin is None else margin
+        self.every = max(0.5, min(30.0, self.margin.total_seconds() / 2))
+        self.seen: dict[tuple[str, int], Outlived] = {}
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Watchdog:
+        self._thread = threading.Thread(target=self._run, name="durableruns-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped.wait(self.every):
+                try:
+                    found = outlived(self.heartbeat, clock=self.clock, margin=self.margin)
+                except DatabaseError as exc:  # the workers meet it too, and stop the pass
+                    log.warning("watchdog: could not look at the steps in hand: %s", exc)
+                    connections.close_all()
+                    continue
+                for step in found:
+                    if (step.run_id, step.attempt) not in self.seen:
+                        self.seen[(step.run_id, step.attempt)] = step
+                        log.warning("%s; it holds that thread, the others go on", step)
+        finally:
+            connections.close_all()  # this thread's own
