@@ -1,4 +1,4 @@
-"""durableruns' AppConfig: registers the system checks and imports each installed app's workflows.py."""
+"""durableruns' AppConfig: registers the system checks, sets the connection timeouts, imports workflows.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ class DurableRunsConfig(AppConfig):
 
     def ready(self) -> None:
         from durableruns import checks  # noqa: F401  (registers the checks)
-        from durableruns import testing
+        from durableruns import connections, testing
 
+        connections.apply_timeouts()  # before any connection is opened: a cut-off worker must not hang
         testing.arm_from_environment()
 
         autodiscover_modules("workflows")

@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, OperationalError
 
-from durableruns import conf, services
+from durableruns import conf, connections, services
 from durableruns.engine import RunOutcome
 
 
@@ -53,6 +53,7 @@ class Command(BaseCommand):
             return
         owner = worker or services.default_owner()
         lease = lease or conf.lease_seconds()
+        connections.apply_timeouts(lease_seconds=lease)  # a cut-off worker gives up within about this lease
         stopping = _StopFlag()
         began = time.monotonic()
         crashed = 0
@@ -64,8 +65,11 @@ class Command(BaseCommand):
                 report = services.resume_due(limit=limit, owner=owner, lease_seconds=lease, run_id=run_id,
                                              max_seconds=remaining, on_outcome=self._line)
             except DatabaseError as exc:
+                # A lost or unreachable server, not an error in one run's data: say so, for the operator.
+                lost = isinstance(exc, (OperationalError, InterfaceError))
+                why = "the database is unreachable or dropped the connection: " if lost else ""
                 raise CommandError(
-                    f"database error, pass stopped: {exc}".strip()
+                    f"database error, pass stopped: {why}{exc}".strip()
                     + "\nEvery fact is its own transaction, so nothing is half recorded; the next pass resumes "
                       "from the record."
                 ) from exc
