@@ -114,3 +114,29 @@ def second(ctx: Any) -> Any:
 def third(ctx: Any) -> Any:
     """Nobody can look this up; decide by hand."""
     return _script(ctx)
+
+
+# The partition rig (tests/faults/test_partition.py): a booking that holds the run for input["hold"] seconds after
+# the carrier accepted it, so a host can be cut off from PostgreSQL in the middle of the step; then a keyed charge
+# and an email. The carrier does not deduplicate and the email sender has no key: a second booking or email
+# under one run would show in their ledgers.
+rig = Workflow("rig")
+
+
+@rig.step(policy="resolvable", lookup=find_shipment, lookup_lag=timedelta(0), timeout=timedelta(seconds=1))
+def book_parcel(ctx: Any) -> dict[str, Any]:
+    result = systems().carrier.book(key=ctx.effect_key, address="1 Rig Street", parcels=1)
+    testing.reached("after_effect", "book_parcel")
+    time.sleep(float(ctx.input.get("hold", 0)))
+    return result
+
+
+@rig.step(policy="resolvable", lookup=find_charge, lookup_lag=timedelta(0), timeout=timedelta(seconds=1))
+def charge_card(ctx: Any) -> dict[str, Any]:
+    return systems().payments.charge(amount=100, currency="EUR", idempotency_key=ctx.effect_key)
+
+
+@rig.step(policy="escalate")
+def confirm_by_email(ctx: Any) -> dict[str, Any]:
+    """Email the buyer that the parcel is booked. No lookup: check the outbox for the run id by hand."""
+    return systems().email.send(to="buyer@rig", subject=f"{ctx.run_id}:booked", body="booked and paid")
