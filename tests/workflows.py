@@ -129,7 +129,7 @@ rig = Workflow("rig")
 
 @rig.step(policy="resolvable", lookup=find_shipment, lookup_lag=timedelta(0), timeout=timedelta(seconds=1))
 def book_parcel(ctx: Any) -> dict[str, Any]:
-    result = systems().carrier.book(key=ctx.effect_key, address="1 Rig Street", parcels=1)
+    result = systems().carrier.book(key=ctx.effect_key, address="1 Rig Street", parcels=[{"kg": 1}])
     testing.reached("after_effect", "book_parcel")
     time.sleep(float(ctx.input.get("hold", 0)))
     return result

@@ -121,8 +121,9 @@ def test_a_resume_30s_ahead_waits_out_a_lagging_lookup_and_never_calls_the_far_s
     run_id = services.start_run("lagging_credit", {}, run_id="skew-credit")
     key = f"{run_id}:check_credit"
     lag = {"FAR_CREDIT_LOOKUP_LAG": "10", "DURABLERUNS_LOOKUP_RETRY_SECONDS": "0.5"}
-    killed = workers.run("--run", run_id, "--lease", LEASE, DURABLERUNS_CRASH_AT="check_credit@after_effect", **lag)
-    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stdout, killed.stderr)
+    killed = workers.start("--run", run_id, "--lease", LEASE, DURABLERUNS_CRASH_AT="check_credit@after_effect", **lag)
+    out, err = killed.communicate(timeout=60)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, out, err)
     assert far.credit.counts_by_key() == {key: 1}
 
     resumer = spawn(workers, tmp_path / "out", "ahead", "--loop", "--interval", "0.2", "--lease", LEASE, "-v", "2",
@@ -140,5 +141,6 @@ def test_a_resume_30s_ahead_waits_out_a_lagging_lookup_and_never_calls_the_far_s
     state = RunState.objects.get(pk=run_id)
     assert state.status == "completed", (state.status, state.reason, out, err)
     settled = RunStep.objects.get(run_id=run_id, step="check_credit", status="completed")
-    assert settled.resolution == "lookup" and settled.result["check_id"] == f"cc_{effects[0]['id']}"
+    assert settled.resolution == "lookup" and settled.result is not None
+    assert settled.result["check_id"] == f"cc_{effects[0]['id']}"
     assert resumer.proc.returncode == 0 and "Traceback" not in err, (out, err)

@@ -60,8 +60,8 @@ class Rig:
 
     def start_worker(self, host: netns.Host, name: str) -> HostWorker:
         """`resume_runs --loop` inside `host`'s namespace, on PostgreSQL at the bridge's address."""
-        env = dict(os.environ, DATABASE_URL=self.pg.url_via(self.net.gateway), DJANGO_SETTINGS_MODULE="project.settings",
-                   DURABLERUNS_WORKFLOW_MODULES="tests.workflows", DURABLERUNS_LEASE_SECONDS=str(LEASE),
+        env = dict(os.environ, DATABASE_URL=self.pg.url_via(self.net.gateway),
+                   DJANGO_SETTINGS_MODULE="project.settings", DURABLERUNS_WORKFLOW_MODULES="tests.workflows", DURABLERUNS_LEASE_SECONDS=str(LEASE),
                    DURABLERUNS_RETRY_BACKOFF_SECONDS="0", PYTHONUNBUFFERED="1")
         out, err = self.folder / f"{name}.out", self.folder / f"{name}.err"
         with out.open("w") as stdout, err.open("w") as stderr:
