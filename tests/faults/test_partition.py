@@ -9,7 +9,8 @@ packet to and from PostgreSQL, so they vanish without a reset, as behind a dead 
   booking), and completes it;
 * the cut-off worker, when the cut heals, writes nothing (its epoch is stale) and exits: 1 with a message that
   the database was unreachable and the next pass resumes, or 0 if all it met was the fence;
-* every run completes, and no far ledger holds a second effect for any key.
+* every run completes, and no far ledger holds a second effect for any key;
+* a host cut off while idle between passes gives up on its next claim within about a lease and exits 1.
 """
 
 from __future__ import annotations
@@ -158,11 +159,23 @@ def test_a_host_cut_off_mid_step_is_fenced_out_and_another_finishes_its_run_with
                what=f"every run to complete: {rig.statuses()}")
     wait_until(lambda: cut.proc.poll() is not None or f"{cut_run}: fenced_out" in cut.output()[0],
                timeout=HOLD + 6 * LEASE, every=0.1, what="the cut-off worker to give up on the run")
+
+    # A host cut off while idle between passes does not hang on its next claim either: it gives up by itself
+    # within about a lease (its claim's data stays unacknowledged past tcp_user_timeout) and exits 1.
+    idle = next(w for w in rig.workers if w is not cut and w.proc.poll() is None)
+    idle.host.cut_from(rig.net.gateway)
+    wait_until(lambda: idle.proc.poll() is not None, timeout=4 * LEASE, every=0.1,
+               what="the host cut off while idle to give up")
+    idle.host.heal()
     for worker in rig.workers:
         if worker.proc.poll() is None:
             worker.proc.send_signal(signal.SIGTERM)
     for worker in rig.workers:
         worker.proc.wait(timeout=30)
+    idle_out, idle_err = idle.output()
+    assert idle.proc.returncode == 1, (idle.proc.returncode, idle_out, idle_err)
+    assert "database error, pass stopped: the database is unreachable or dropped the connection" in idle_err
+    assert "the next pass resumes" in idle_err and "Traceback" not in idle_err, idle_err
 
     out, err = cut.output()
     assert "Traceback" not in err and "Exception in thread" not in err, err
@@ -184,9 +197,9 @@ def test_a_host_cut_off_mid_step_is_fenced_out_and_another_finishes_its_run_with
         assert key in before_cut, ("an attempt recorded under the stale epoch after the cut", row)
         assert row == before_cut[key] or (row[2] == "completed" and row[5] == "lookup"), (before_cut[key], row)
 
-    # The other hosts ran to a clean end; every run completed with each effect once.
+    # The host never cut off ran to a clean end; every run completed with each effect once.
     for worker in rig.workers:
-        if worker is not cut:
+        if worker is not cut and worker is not idle:
             w_out, w_err = worker.output()
             assert worker.proc.returncode == 0 and "Traceback" not in w_err, (worker.name, w_out, w_err)
     assert set(rig.statuses().values()) == {"completed"} and len(rig.statuses()) == RUNS
