@@ -136,3 +136,15 @@ def test_a_second_call_for_another_lease_replaces_only_its_own_defaults():
     connections.apply_timeouts(databases, lease_seconds=2)
     assert databases["replica"]["OPTIONS"] == connections.timeouts_for(2)
     assert databases["default"]["OPTIONS"] == {**connections.timeouts_for(2), "connect_timeout": 9}
+
+
+def test_resume_runs_says_the_database_is_unreachable_and_the_next_pass_resumes():
+    # Nothing listens on port 1: the connection is refused, as a host's would be while its database is down.
+    done = subprocess.run(
+        [sys.executable, "manage.py", "resume_runs", "--skip-checks"], cwd=ROOT, capture_output=True, text=True,
+        env=dict(os.environ, DATABASE_URL="postgres://postgres@127.0.0.1:1/nowhere",
+                 DJANGO_SETTINGS_MODULE="project.settings"), timeout=60,
+    )
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "database error, pass stopped: the database is unreachable or dropped the connection" in done.stderr
+    assert "the next pass resumes from the record" in done.stderr and "Traceback" not in done.stderr
