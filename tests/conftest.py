@@ -67,7 +67,9 @@ class Workers:
         """
         if LIBFAKETIME is None:
             raise AssertionError("libfaketime.so.1 is missing: `bin/setup --services` installs Debian's faketime")
-        return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": offset,
+        # tests/faketime/sitecustomize.py mends time.sleep, which libfaketime breaks with a true monotonic clock.
+        path = os.pathsep.join(p for p in (str(ROOT / "tests" / "faketime"), os.environ.get("PYTHONPATH")) if p)
+        return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": offset, "PYTHONPATH": path,
                 # Both spellings: libfaketime 0.9.10 reads the second, older ones the first.
                 "DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 

@@ -32,7 +32,14 @@ from tests.faults.support import ACTIVE, spawn
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 LEASE = "2"  # seconds: renewed every 2/3 s, so a few renewals pass while the skewed workers look on
-CLOCK = "import json, time; print(json.dumps([time.time(), time.monotonic()]))"
+# The child's wall and monotonic clocks, and how long a sleep and a thread's timed wait last on its monotonic clock.
+CLOCK = (
+    "import json, threading, time\n"
+    "wall, mono = time.time(), time.monotonic()\n"
+    "time.sleep(0.2); slept = time.monotonic() - mono\n"
+    "threading.Event().wait(0.2); waited = time.monotonic() - mono - slept\n"
+    "print(json.dumps([wall, mono, slept, waited]))\n"
+)
 
 
 @pytest.mark.parametrize("offset, seconds", [("+120s", 120.0), ("-120s", -120.0), ("+30s", 30.0)])
@@ -42,9 +49,10 @@ def test_a_skewed_process_sees_its_wall_clock_shifted_and_its_monotonic_clock_tr
     done = subprocess.run([sys.executable, "-c", CLOCK], env=env, capture_output=True, text=True, timeout=30)
     wall_after, mono_after = time.time(), time.monotonic()
     assert done.returncode == 0, done.stderr
-    wall, mono = json.loads(done.stdout)
+    wall, mono, slept, waited = json.loads(done.stdout)
     assert wall_before + seconds - 0.5 <= wall <= wall_after + seconds + 0.5, (wall - wall_before, offset)
     assert mono_before <= mono <= mono_after  # durations inside one process stay right
+    assert slept >= 0.2 and waited >= 0.2, (slept, waited)  # sleeps and timed waits last what they should
 
 
 def test_a_skewed_worker_process_runs_django_on_the_skewed_clock():
