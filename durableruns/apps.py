@@ -1,5 +1,5 @@
-"""durableruns' AppConfig: registers the system checks, sets up SQLite connections, and imports each installed
-app's workflows.py."""
+"""durableruns' AppConfig: registers the system checks, sets the connection timeouts and SQLite's set-up,
+and imports each installed app's workflows.py."""
 
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ class DurableRunsConfig(AppConfig):
     def ready(self) -> None:
         from durableruns import (
             checks,  # noqa: F401  (registers the checks)
+            connections,
             sqlite,
             testing,
         )
 
+        connections.apply_timeouts()  # before any connection is opened: a cut-off worker must not hang
         testing.arm_from_environment()
         connection_created.connect(sqlite.tune_connection, dispatch_uid="durableruns.sqlite.tune_connection")
         register(sqlite.check_sqlite_options)

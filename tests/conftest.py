@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from glob import glob
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,35 @@ def database_url() -> str:
     return f"sqlite:///{s['NAME']}"
 
 
+# Debian's faketime package (bin/setup --services installs it): preloaded, it shifts a process's wall clock.
+LIBFAKETIME = next(iter(sorted(glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
+
+
 class Workers:
     """Start `manage.py resume_runs` in real processes; kill them however a test needs."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[str]] = []
+
+    @staticmethod
+    def skewed(offset: str) -> dict[str, str]:
+        """The environment that runs a process with its wall clock `offset` off ("+120s", "-30s"), as a host whose
+        clock is wrong: time.time() and datetime.now() are shifted, time.monotonic() is left true (durations
+        inside one process stay right), and the shift is relative, so the skewed clock still advances.
+
+        Pass it to start()/spawn() as `**Workers.skewed("+120s")`.
+        """
+        if LIBFAKETIME is None:
+            raise AssertionError("libfaketime.so.1 is missing: `bin/setup --services` installs Debian's faketime")
+        # tests/faketime/sitecustomize.py mends time.sleep, which libfaketime breaks with a true monotonic clock.
+        path = os.pathsep.join(p for p in (str(ROOT / "tests" / "faketime"), os.environ.get("PYTHONPATH")) if p)
+        return {"LD_PRELOAD": LIBFAKETIME, "FAKETIME": offset, "PYTHONPATH": path,
+                # Both spellings: libfaketime 0.9.10 reads the second, older ones the first.
+                "DONT_FAKE_MONOTONIC": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+    def start_skewed(self, offset: str, *args: str, **extra: str) -> subprocess.Popen[str]:
+        """Start a worker whose host clock is `offset` off (see skewed())."""
+        return self.start(*args, **self.skewed(offset), **extra)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)

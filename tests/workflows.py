@@ -7,14 +7,18 @@ Lags come from the environment so a test can shrink them for the worker processe
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+import sqlite3
 import time
 from pathlib import Path
 from datetime import timedelta
 from typing import Any
 
 from durableruns import Rejected, Workflow, testing
-from project.purchasing.far import FarRejected, systems
+from project.purchasing.far import CreditVendor, FarRejected, systems
+from project.purchasing.far.ledger import Effect
 
 
 def _seconds(name: str, default: float) -> timedelta:
@@ -151,3 +155,100 @@ stuck_probe = Workflow("stuck_probe")
 def blocks(ctx: Any) -> dict[str, Any]:
     time.sleep(float(os.environ.get("TEST_STUCK_SECONDS", 4)))
     return {}
+
+
+# The partition rig (tests/faults/test_partition.py): a booking that holds the run for input["hold"] seconds after
+# the carrier accepted it, so a host can be cut off from PostgreSQL in the middle of the step; then a keyed charge
+# and an email. The carrier does not deduplicate and the email sender has no key: a second booking or email
+# under one run would show in their ledgers.
+rig = Workflow("rig")
+
+
+@rig.step(policy="resolvable", lookup=find_shipment, lookup_lag=timedelta(0), timeout=timedelta(seconds=1))
+def book_parcel(ctx: Any) -> dict[str, Any]:
+    result = systems().carrier.book(key=ctx.effect_key, address="1 Rig Street", parcels=[{"kg": 1}])
+    testing.reached("after_effect", "book_parcel")
+    time.sleep(float(ctx.input.get("hold", 0)))
+    return result
+
+
+@rig.step(policy="resolvable", lookup=find_charge, lookup_lag=timedelta(0), timeout=timedelta(seconds=1))
+def charge_card(ctx: Any) -> dict[str, Any]:
+    return systems().payments.charge(amount=100, currency="EUR", idempotency_key=ctx.effect_key)
+
+
+@rig.step(policy="escalate")
+def confirm_by_email(ctx: Any) -> dict[str, Any]:
+    """Email the buyer that the parcel is booked. No lookup: check the outbox for the run id by hand."""
+    return systems().email.send(to="buyer@rig", subject=f"{ctx.run_id}:booked", body="booked and paid")
+
+
+# The clock-skew tests (tests/faults/test_clock_skew.py) run workers whose wall clock libfaketime shifts. The far
+# systems those workers call keep their own, true clock: a far system's lag runs on the far system's clock, and a
+# caller's wrong clock must not make its lookup see what it has not published yet.
+_CLOCK_GETTIME = {"x86_64": 228, "aarch64": 113}.get(platform.machine())
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def far_clock() -> float:
+    """The real wall clock, read by the raw clock_gettime system call, which libfaketime does not intercept."""
+    if _CLOCK_GETTIME is None:
+        return time.time()
+    spec = _Timespec()
+    if ctypes.CDLL(None, use_errno=True).syscall(_CLOCK_GETTIME, 0, ctypes.byref(spec)) != 0:  # CLOCK_REALTIME
+        raise OSError(ctypes.get_errno(), "clock_gettime")
+    return spec.tv_sec + spec.tv_nsec / 1e9
+
+
+class LaggingCredit(CreditVendor):
+    """The credit vendor (same ledger: no deduplication, so a second check is a second effect) whose lookup sees a
+    check only FAR_CREDIT_LOOKUP_LAG seconds after it was made, both times read on the far system's own clock."""
+
+    def _insert(self, conn: sqlite3.Connection, *, key: str | None, payload: str, **extra: object) -> Effect:
+        effect = super()._insert(conn, key=key, payload=payload, **extra)
+        effect["created_at"] = far_clock()
+        conn.execute("UPDATE effects SET created_at = ? WHERE id = ?", (effect["created_at"], effect["id"]))
+        return effect
+
+    def lookup(self, request_id: str) -> dict[str, Any] | None:
+        with self._reading() as conn:
+            row = conn.execute("SELECT * FROM effects WHERE key = ? AND ? - created_at >= ? ORDER BY id LIMIT 1",
+                               (request_id, far_clock(), self.config.lookup_lag)).fetchone()
+        return None if row is None else self._result(self._effect(row))
+
+
+# (a) An escalate step that emails and then holds the run, renewing its lease, until the test lets it go (at most
+# input["hold_max"] seconds): a worker whose clock runs ahead must not take it from its live owner meanwhile.
+slow_notice = Workflow("slow_notice")
+
+
+@slow_notice.step(policy="escalate")
+def send_notice(ctx: Any) -> dict[str, Any]:
+    """Email the buyer, then wait for the mail relay to confirm. No lookup: check the outbox for the run id."""
+    sent = systems().email.send(to="buyer@skew", subject=f"{ctx.run_id}:notice", body="your order is on its way")
+    testing.reached("after_effect", "send_notice")
+    release = Path(ctx.input["release_file"])
+    deadline = time.monotonic() + float(ctx.input.get("hold_max", 60))
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sent
+
+
+# (b) A resolvable step whose far system's lookup lags (FAR_CREDIT_LOOKUP_LAG, 10 s in the test): "not found" is
+# worth nothing until the lag has passed since the last moment the attempt could have made the call.
+lagging_credit = Workflow("lagging_credit")
+
+
+def find_credit_check(ctx: Any) -> dict[str, Any] | None:
+    return LaggingCredit().lookup(ctx.effect_key)
+
+
+@lagging_credit.step(policy="resolvable", lookup=find_credit_check, lookup_lag=timedelta(seconds=10),
+                     timeout=timedelta(seconds=1))
+def check_credit(ctx: Any) -> dict[str, Any]:
+    result = LaggingCredit().check(request_id=ctx.effect_key, buyer="Harbour Foods", amount=1000)
+    testing.reached("after_effect", "check_credit")
+    return result

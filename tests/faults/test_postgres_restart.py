@@ -1,108 +1,36 @@
 """PostgreSQL restarted in the middle of a pass: the worker stops with a clear message, nothing is half recorded,
 and the next pass completes the runs with one effect per key.
 
-The shared server on 5432 is never touched: the test starts a private PostgreSQL 15 in a temporary folder on a
-free port (initdb refuses root, so it runs as the `postgres` user), migrates it, and restarts that one.
+The shared server on 5432 is never touched: the test starts a private PostgreSQL in a temporary folder on a free
+port (tests/faults/pg_instance.py), migrates it, and restarts that one.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 
 from project.purchasing.far import FarSystems
-from tests.conftest import ROOT, wait_until
-from tests.faults.support import PLAN, PO_ENV, SYSTEM_OF, duplicates, reference
+from tests.conftest import wait_until
+from tests.faults.pg_instance import PrivatePostgres, manage
+from tests.faults.pg_instance import private_postgres as running_postgres
+from tests.faults.support import PLAN, SYSTEM_OF, duplicates, reference
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 RUNS = 6
 LINES = 40  # priced at 50 ms each: 2 s of quote per run, checkpointed at line 25
 
 
-@dataclass(frozen=True)
-class PrivatePostgres:
-    folder: Path
-    port: int
-
-    @property
-    def data(self) -> Path:
-        return self.folder / "data"
-
-    @property
-    def url(self) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/durableruns"
-
-    def pg_ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.folder / "server.log"),
-                           *args)
-
-    def query(self, sql: str) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
-            return conn.execute(sql).fetchall()
-
-
-def as_postgres(*command: str) -> subprocess.CompletedProcess[str]:
-    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    done = subprocess.run([*prefix, *command], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout}\n{done.stderr}"
-    return done
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def private_postgres() -> Iterator[PrivatePostgres]:
-    """A PostgreSQL 15 of this test's own, migrated; stopped and removed afterwards whatever happens."""
-    folder = Path(tempfile.mkdtemp(prefix="durableruns-pg-"))
-    shutil.chown(folder, "postgres", "postgres")
-    pg = PrivatePostgres(folder=folder, port=free_port())
-    try:
-        as_postgres(str(PG_BIN / "initdb"), "-D", str(pg.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                    "--no-sync")
-        options = f"-p {pg.port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-        pg.pg_ctl("-o", options, "-w", "start")
-        as_postgres(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "durableruns")
-        migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--skip-checks", "-v0"], cwd=ROOT,
-                                 env=site_env(pg), capture_output=True, text=True, timeout=120)
-        assert migrate.returncode == 0, migrate.stderr
+    """A PostgreSQL of this test's own, migrated; stopped and removed afterwards whatever happens."""
+    with running_postgres() as pg:
         yield pg
-    finally:
-        if (pg.data / "postmaster.pid").exists():
-            subprocess.run(["runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D", str(pg.data),
-                            "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def site_env(pg: PrivatePostgres, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, DATABASE_URL=pg.url, DJANGO_SETTINGS_MODULE="project.settings", PYTHONUNBUFFERED="1")
-    env.update(PO_ENV)
-    env.update(extra)
-    return env
-
-
-def manage(pg: PrivatePostgres, *args: str, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=site_env(pg, **extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def assert_whole_facts(pg: PrivatePostgres) -> dict[str, str]:

@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError
 
-from durableruns import conf, services
-from durableruns.clock import host_skew
+from durableruns import conf, connections, services
+from durableruns.clock import host_skew, on_postgresql
 from durableruns.engine import RunOutcome
 from durableruns.worker.pool import Stopping, Waker
 
@@ -63,6 +63,7 @@ class Command(BaseCommand):
             return
         owner = worker or services.default_owner()
         lease = lease or conf.lease_seconds()
+        connections.apply_timeouts(lease_seconds=lease)  # a cut-off worker gives up within about this lease
         threads = self._threads(concurrency)
         stopping = Stopping()
         _on_signals(stopping)
@@ -83,7 +84,7 @@ class Command(BaseCommand):
             raise CommandError(f"{len(report.crashed)} run(s) raised unexpectedly", returncode=3)
 
     def _threads(self, asked: int | None) -> int:
-        if connections[DEFAULT_DB_ALIAS].vendor == "sqlite":
+        if not on_postgresql():
             if asked is not None and asked > 1:
                 self.stderr.write("SQLite has one writer at a time: working with 1 thread, not "
                                   f"{asked} (use PostgreSQL for concurrency)")
@@ -112,8 +113,11 @@ class Command(BaseCommand):
 
 
 def _stopped(exc: DatabaseError) -> CommandError:
+    # A lost or unreachable server, not an error in one run's data: say so, for the operator.
+    lost = isinstance(exc, (OperationalError, InterfaceError))
+    why = "the database is unreachable or dropped the connection: " if lost else ""
     return CommandError(
-        f"database error, pass stopped: {exc}".strip()
+        f"database error, pass stopped: {why}{exc}".strip()
         + "\nEvery fact is its own transaction, so nothing is half recorded; the next pass resumes from the record.")
 
 
