@@ -28,10 +28,12 @@ from django.conf import settings
 from durableruns import conf
 
 # The engines whose DatabaseWrapper speaks libpq through psycopg (vendor "postgresql").
-POSTGRESQL_ENGINES = frozenset({
-    "django.db.backends.postgresql",
-    "django.contrib.gis.db.backends.postgis",
-})
+POSTGRESQL_ENGINES = frozenset(
+    {
+        "django.db.backends.postgresql",
+        "django.contrib.gis.db.backends.postgis",
+    }
+)
 
 
 def enabled() -> bool:
@@ -62,8 +64,9 @@ def is_postgresql(database: Mapping[str, Any]) -> bool:
     return engine in POSTGRESQL_ENGINES or engine.endswith(".postgresql")
 
 
-def apply_timeouts(databases: dict[str, dict[str, Any]] | None = None, *,
-                   lease_seconds: float | None = None) -> list[str]:
+def apply_timeouts(
+    databases: dict[str, dict[str, Any]] | None = None, *, lease_seconds: float | None = None
+) -> list[str]:
     """Fill the timeouts into each PostgreSQL alias's OPTIONS where the site set none; return those aliases.
 
     `databases` defaults to Django's own connection settings: the very dicts each new connection reads, so
