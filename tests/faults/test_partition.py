@@ -135,6 +135,7 @@ def test_a_host_cut_off_mid_step_is_fenced_out_and_another_finishes_its_run_with
     wait_until(lambda: far.carrier.counts_by_key().get(f"{cut_run}:book_parcel") == 1, timeout=40,
                what="the cut run's booking")
     status, owner, epoch = rig.run_row(cut_run)
+    owner = owner.split("#")[0]  # the host, whichever of its threads holds the run
     assert status == "running" and owner in HOSTS, (status, owner)
     booked_lease = rig.lease_expiry(cut_run)
     wait_until(lambda: rig.lease_expiry(cut_run) != booked_lease, timeout=2 * LEASE, what="a heartbeat renewal")
@@ -146,12 +147,13 @@ def test_a_host_cut_off_mid_step_is_fenced_out_and_another_finishes_its_run_with
     wait_until(lambda: rig.run_row(cut_run)[2] > epoch, timeout=6 * LEASE, every=0.1,
                what="another host to take the cut run")
     _, taker, taken_epoch = rig.run_row(cut_run)
+    taker = taker.split("#")[0]
     assert taker in HOSTS and taker != owner and taken_epoch > epoch
     assert cut.proc.poll() is None, "the cut-off worker was still inside its step when the run was taken"
 
     # Its own heartbeat meets the dead connection within about a lease (the kernel gives up on unacknowledged
     # data after tcp_user_timeout) instead of hanging on it.
-    wait_until(lambda: "lease not renewed:" in cut.output()[1], timeout=3 * LEASE, every=0.1,
+    wait_until(lambda: "lease(s) not renewed" in cut.output()[1], timeout=3 * LEASE, every=0.1,
                what="the cut-off worker's heartbeat to give up on its connection")
 
     # The cut heals: the cut-off worker finds its step's result fenced out, or its connection gone, and stops.
@@ -187,7 +189,7 @@ def test_a_host_cut_off_mid_step_is_fenced_out_and_another_finishes_its_run_with
         assert cut.proc.returncode == 0 and f"{cut_run}: fenced_out" in out, (cut.proc.returncode, out, err)
     assert f"{cut_run}: completed" not in out, out
     # The heartbeat reconnects after a dropped connection instead of renewing on a closed one until it ends.
-    assert "lease not renewed: the connection is closed" not in err, err
+    assert "reconnecting for the next beat" in err and "the connection is closed" not in err, err
 
     # It wrote nothing after the cut: no attempt of its epoch is new, and each that changed was settled by the
     # taker's lookup, never completed with what the cut-off worker's step returned.
