@@ -197,3 +197,33 @@ class Intervention(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_action_display()} by {self.decided_by}"
+
+
+class WorkerPresence(models.Model):
+    """A resume_runs process as it last reported itself: what a health check reads to tell whether workers run,
+    how they pick work up (listening, or polling because the listener was lost), and how far their clocks are
+    from the database's. Written by the worker (store.report_presence) every few seconds; times are the
+    database's."""
+
+    name = models.CharField(max_length=200, primary_key=True, help_text="The owner it claims under: host:pid.")
+    threads = models.PositiveIntegerField(default=1)
+    pickup = models.CharField(max_length=500, blank=True, default="",
+                              help_text="How idle threads are woken: listening, or polling (and why).")
+    skew_seconds = models.FloatField(
+        null=True, blank=True, help_text="How far its host's clock was ahead of the database's (negative: behind).")
+    runs_in_hand = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField()
+    seen_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "run_worker"
+        verbose_name = "worker"
+        ordering = ["-seen_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def listening(self) -> bool:
+        return self.pickup.startswith("listening")

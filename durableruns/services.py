@@ -30,6 +30,7 @@ from durableruns.registry import get_workflow
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
+from durableruns.worker.presence import Presence
 from durableruns.worker.watchdog import Watchdog
 
 
@@ -144,12 +145,17 @@ def resume_due(
             listener.listening.wait(2.0)
             pickup = f"{listener.state}, polling every {idle_seconds:g}s as a fallback"
         on_start(f"{concurrency} thread(s); {pickup}")
-    watchdog = None
+    watchdog = presence = None
+    owner = owner or default_owner()
     try:
         with Heartbeat(clock) as heartbeat:
-            watchdog = Watchdog(heartbeat, clock=clock).start()
+            presence = Presence(owner, threads=concurrency, clock=clock, in_hand=lambda: len(heartbeat.held()),
+                                pickup=lambda: listener.state if listener is not None else f"polling every "
+                                f"{idle_seconds:g}s" if waker is not None else "one pass (--once)")
+            presence.report()
+            watchdog = Watchdog(heartbeat, clock=clock, presence=presence).start()
             pool = WorkerPool(
-                concurrency=concurrency, owner=owner or default_owner(), clock=clock, heartbeat=heartbeat,
+                concurrency=concurrency, owner=owner, clock=clock, heartbeat=heartbeat,
                 lease_seconds=conf.lease_seconds() if lease_seconds is None else lease_seconds, report=report,
                 budget=Budget(limit), run_id=run_id, deadline=None if max_seconds is None else began + max_seconds,
                 stopping=stopping, waker=waker, idle_seconds=idle_seconds, on_outcome=on_outcome,
@@ -162,6 +168,8 @@ def resume_due(
         if watchdog is not None:
             watchdog.stop()
             report.outlived = [str(step) for step in watchdog.seen.values()]
+        if presence is not None:
+            presence.report(stopped=True)
         if listener is not None:
             report.pickup = listener.state
             listener.stop()

@@ -38,6 +38,7 @@ from durableruns.models import (
     RunStatus,
     RunStep,
     StepStatus,
+    WorkerPresence,
 )
 from durableruns.registry import FirstSteps
 
@@ -191,6 +192,22 @@ def _attempt(row: dict[str, Any]) -> StepAttempt:
     row["renewed_at"] = datetime.fromisoformat(row["renewed_at"]) if row.get("renewed_at") else None
     row["progress"] = row["progress"] or {}
     return StepAttempt(**row)
+
+
+def report_presence(name: str, *, threads: int, pickup: str, skew_seconds: float | None, runs_in_hand: int,
+                    stopped: bool = False, clock: Clock = DATABASE) -> None:
+    """Record how a worker process stands now (seen at the database's now), for health checks; a row per name."""
+    fields: dict[str, Any] = {
+        "threads": threads, "pickup": storable(pickup, limit=450), "skew_seconds": skew_seconds,
+        "runs_in_hand": runs_in_hand, "seen_at": clock.expression(),
+        "stopped_at": clock.expression() if stopped else None}
+    if WorkerPresence.objects.filter(pk=name).update(**fields):
+        return
+    try:
+        with transaction.atomic():
+            WorkerPresence.objects.create(name=name, started_at=clock.expression(), **fields)
+    except IntegrityError:  # another process of the same name reported first
+        WorkerPresence.objects.filter(pk=name).update(**fields)
 
 
 # The workflow name of measure_loop's scratch runs: never registered, so no worker can run one.

@@ -56,21 +56,28 @@ class Stopping:
 
 
 class Waker:
-    """Where idle threads wait for work: woken at once by `wake()` (a notification), else after `timeout`."""
+    """Where idle threads wait for work: woken at once by `wake()` (a notification), else after `timeout`.
+
+    A thread takes a ticket before it looks for work and waits with it: a wake that came while it was looking
+    (a run started just after its claim found nothing) ends the wait at once instead of being lost."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._generation = 0
+
+    def ticket(self) -> int:
+        with self._condition:
+            return self._generation
 
     def wake(self) -> None:
         with self._condition:
             self._generation += 1
             self._condition.notify_all()
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float, *, since: int, unless: Callable[[], bool] = lambda: False) -> None:
+        """Wait until a wake after ticket `since`, or `unless()` holds, or `timeout` seconds pass."""
         with self._condition:
-            seen = self._generation
-            self._condition.wait_for(lambda: self._generation != seen, timeout=timeout)
+            self._condition.wait_for(lambda: self._generation != since or unless(), timeout=timeout)
 
 
 @dataclass
@@ -217,11 +224,12 @@ class WorkerPool:
         engine = Engine(self.clock, heartbeat=self.heartbeat, stopping=self.stopping.is_set)
         try:
             while not self.stopping.is_set() and self.error is None:
+                ticket = self.waker.ticket() if self.waker is not None else 0
                 worked, exhausted = self._work_due(engine, owner)
                 if exhausted or self.waker is None or self.run_id is not None or self._past_deadline():
                     break
                 if not worked:
-                    self.waker.wait(self._idle_timeout())
+                    self.waker.wait(self._idle_timeout(), since=ticket, unless=self.stopping.is_set)
         except DatabaseError as exc:
             self.error = exc
             self.stopping.set()

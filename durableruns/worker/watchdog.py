@@ -21,6 +21,7 @@ from durableruns.errors import UnknownWorkflow
 from durableruns.models import RunStep, StepStatus
 from durableruns.registry import get_workflow
 from durableruns.worker.heartbeat import Heartbeat
+from durableruns.worker.presence import Presence
 
 log = logging.getLogger("durableruns")
 
@@ -75,11 +76,14 @@ def outlived(leases_of: Heartbeat, *, clock: Clock, margin: timedelta) -> list[O
 class Watchdog:
     """A thread that looks at the steps in hand every few seconds and logs each one past its timeout, once."""
 
-    def __init__(self, heartbeat: Heartbeat, *, clock: Clock, margin: timedelta | None = None) -> None:
+    def __init__(
+        self, heartbeat: Heartbeat, *, clock: Clock, margin: timedelta | None = None, presence: Presence | None = None
+    ) -> None:
         self.heartbeat = heartbeat
+        self.presence = presence  # reported at each look, so a health check sees the process alive
         self.clock = clock
         self.margin = conf.stuck_margin() if margin is None else margin
-        self.every = max(0.5, min(30.0, self.margin.total_seconds() / 2))
+        self.every = max(0.5, min(10.0, self.margin.total_seconds() / 2))
         self.seen: dict[tuple[str, int], Outlived] = {}
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,6 +101,8 @@ class Watchdog:
     def _run(self) -> None:
         try:
             while not self._stopped.wait(self.every):
+                if self.presence is not None:
+                    self.presence.report()
                 try:
                     found = outlived(self.heartbeat, clock=self.clock, margin=self.margin)
                 except DatabaseError as exc:  # the workers meet it too, and stop the pass

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 import durableruns
-from durableruns.models import Escalation, RunState, RunStatus
+from durableruns.models import Escalation, RunState, RunStatus, WorkerPresence
 from durableruns.worker.listener import Listener
 from durableruns.worker.pool import Waker
 from tests.conftest import wait_until
@@ -63,11 +63,11 @@ def test_a_wake_time_coming_due_wakes_the_idle_worker(far, workers):
     run_id = make_run("order")
     complete(run_id, "prepare", {"total": 10, "lines": 60})
     crash_after_intent(run_id, "charge", cursor=1)
-    # Not found at the payment provider, and absence provable only 3.2 s after the attempt: the run waits, and
+    # Not found at the payment provider, and absence provable only 6.2 s after the attempt: the run waits, and
     # the worker's timer for that wake time, not its 30 s poll, brings it back.
-    worker = workers.start(*SLOW_POLL, TEST_LOOKUP_LAG="3", TEST_STEP_TIMEOUT="0.2")
-    wait_until(lambda: status(run_id) == RunStatus.WAITING, timeout=10, what="the run to wait out the lag")
-    wait_until(lambda: status(run_id) == RunStatus.COMPLETED, timeout=12, what="the wake time to be met")
+    worker = workers.start(*SLOW_POLL, TEST_LOOKUP_LAG="6", TEST_STEP_TIMEOUT="0.2")
+    wait_until(lambda: status(run_id) == RunStatus.WAITING, timeout=6, every=0.02, what="the run to wait out the lag")
+    wait_until(lambda: status(run_id) == RunStatus.COMPLETED, timeout=15, what="the wake time to be met")
     assert far.payments.count() == 1
     worker.terminate()
     worker.communicate(timeout=30)
@@ -90,16 +90,36 @@ def test_a_run_started_in_a_transaction_that_rolls_back_wakes_nobody():
         listener.stop()
 
 
+def presence(name: str) -> WorkerPresence | None:
+    return WorkerPresence.objects.filter(pk=name).first()
+
+
 def test_a_lost_listener_falls_back_to_polling_says_so_once_and_listens_again(workers):
-    worker = workers.start("--loop", "--interval", "0.3", "--concurrency", "1")
+    # The worker reports how it picks work up every half second here (a health check reads run_worker).
+    worker = workers.start("--loop", "--interval", "0.3", "--concurrency", "1", "--worker", "picker",
+                           DURABLERUNS_STUCK_MARGIN_SECONDS="1")
     started(worker)
+    wait_until(lambda: (p := presence("picker")) is not None and p.listening, what="its presence, listening")
     with admin_connection() as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
                       "AND query = 'LISTEN durableruns_due'")
     run_id = durableruns.start("scripted", {})  # while nobody listens: polling picks it up
     wait_until(lambda: status(run_id) == RunStatus.COMPLETED, timeout=10, what="the run to be polled up")
+
+    # Keep the listener from coming back for a while: the health check's field says the worker polls.
+    def polling_reported() -> bool:
+        with admin_connection() as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                          " AND query = 'LISTEN durableruns_due'")
+        return presence("picker").pickup.startswith("polling (listener lost")
+
+    wait_until(polling_reported, every=0.1, what="its presence to say it polls")
     started(worker)  # listening again
+    wait_until(lambda: presence("picker").listening, what="its presence to say it listens again")
     worker.terminate()
     out, err = worker.communicate(timeout=30)
-    assert err.count("listener lost") == 1, err
-    assert "listening on durableruns_due again" in err, err
+    row = presence("picker")
+    assert row.stopped_at is not None and row.threads == 1 and abs(row.skew_seconds) < 5
+    # Each loss said once, each recovery once: not a line per retry.
+    lost, back = err.count("listener lost"), err.count("listening on durableruns_due again")
+    assert lost >= 1 and lost == back, err
