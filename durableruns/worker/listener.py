@@ -18,6 +18,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from durableruns.pgsql import WAKE_CHANNEL as CHANNEL
+from durableruns.worker.background import Background
 from durableruns.worker.pool import Waker
 
 log = logging.getLogger("durableruns")
@@ -39,18 +40,19 @@ def seconds_until_next_due() -> float | None:
     return None if seconds is None else float(seconds)
 
 
-class Listener:
+class Listener(Background):
     """LISTEN on the channel from a thread and a connection of its own; wake `waker` on every notification."""
 
     RETRY_SECONDS = 1.0  # how soon a lost listener tries to listen again
 
+    thread_name = "durableruns-listener"
+
     def __init__(self, waker: Waker) -> None:
+        super().__init__()
         self.waker = waker
         self.listening = threading.Event()
         self.lost_since: str | None = None  # why it is polling, while it is
         self.notifications = 0
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
         self._params = _connection_params()
 
     @property
@@ -58,16 +60,6 @@ class Listener:
         if self.listening.is_set():
             return f"listening on {CHANNEL}"
         return f"polling (listener lost: {self.lost_since})" if self.lost_since else "polling (not listening yet)"
-
-    def start(self) -> Listener:
-        self._thread = threading.Thread(target=self._run, name="durableruns-listener", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stopped.is_set():

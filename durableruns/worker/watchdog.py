@@ -8,7 +8,6 @@ the database's clock. Each such step is logged once, and kept for the pass's sum
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -20,6 +19,7 @@ from durableruns.engine import step_timeout
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import RunStep, StepStatus
 from durableruns.registry import get_workflow
+from durableruns.worker.background import Background
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.presence import Presence
 
@@ -73,30 +73,21 @@ def outlived(leases_of: Heartbeat, *, clock: Clock, margin: timedelta) -> list[O
     return found
 
 
-class Watchdog:
+class Watchdog(Background):
     """A thread that looks at the steps in hand every few seconds and logs each one past its timeout, once."""
+
+    thread_name = "durableruns-watchdog"
 
     def __init__(
         self, heartbeat: Heartbeat, *, clock: Clock, margin: timedelta | None = None, presence: Presence | None = None
     ) -> None:
+        super().__init__()
         self.heartbeat = heartbeat
         self.presence = presence  # reported at each look, so a health check sees the process alive
         self.clock = clock
         self.margin = conf.stuck_margin() if margin is None else margin
         self.every = max(0.5, min(10.0, self.margin.total_seconds() / 2))
         self.seen: dict[tuple[str, int], Outlived] = {}
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> Watchdog:
-        self._thread = threading.Thread(target=self._run, name="durableruns-watchdog", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         try:
