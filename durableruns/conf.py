@@ -47,3 +47,19 @@ def default_timeout() -> timedelta:
 def prepared_statements() -> bool:
     """Whether the PostgreSQL hot path prepares its statements; turn off behind a pooler that cannot keep them."""
     return bool(getattr(settings, "DURABLERUNS_PREPARED_STATEMENTS", True))
+
+
+# -- operations (durableruns.ops: retention, health, alerts, metrics) ----------------------------------------
+
+
+def prune_days() -> float:
+    """How many days a finished run (completed, cancelled, failed) is kept after it finished, when prune_runs is
+    given no --older-than; DURABLERUNS_PRUNE_DAYS, 30 by default."""
+    return float(getattr(settings, "DURABLERUNS_PRUNE_DAYS", 30))
+
+
+def prune_evidence_days() -> float:
+    """How many days a finished run that was ever escalated or touched by staff (an escalation or an intervention
+    exists) is kept: it is evidence of who decided what; DURABLERUNS_PRUNE_EVIDENCE_DAYS, 365 by default. A run is
+    kept for the longer of this and the period prune_runs is given."""
+    return float(getattr(settings, "DURABLERUNS_PRUNE_EVIDENCE_DAYS", 365))
