@@ -63,3 +63,32 @@ def prune_evidence_days() -> float:
     exists) is kept: it is evidence of who decided what; DURABLERUNS_PRUNE_EVIDENCE_DAYS, 365 by default. A run is
     kept for the longer of this and the period prune_runs is given."""
     return float(getattr(settings, "DURABLERUNS_PRUNE_EVIDENCE_DAYS", 365))
+
+
+# What runs_health reports, and when: (warning, critical) in seconds, each overridable by its own setting.
+#   escalation  an escalation open longer than this               DURABLERUNS_HEALTH_ESCALATION_{WARNING,CRITICAL}
+#               (4 hours, 24 hours)                               _SECONDS
+#   due         a run due (pending, waiting past its wake time,   DURABLERUNS_HEALTH_DUE_{WARNING,CRITICAL}_SECONDS
+#               lease expired) longer than this: no worker runs
+#               (5 minutes, 15 minutes)
+#   stuck       a run still held by a live lease this long past   DURABLERUNS_HEALTH_STUCK_{WARNING,CRITICAL}_SECONDS
+#               its step's timeout (1 minute, 10 minutes)
+#   skew        this host's clock this far from the database's    DURABLERUNS_HEALTH_SKEW_{WARNING,CRITICAL}_SECONDS
+#               (a third of the lease, the whole lease: 10 s and 30 s with the default lease)
+_HEALTH_DEFAULTS: dict[str, tuple[float, float]] = {
+    "escalation": (4 * 3600.0, 24 * 3600.0),
+    "due": (300.0, 900.0),
+    "stuck": (60.0, 600.0),
+}
+
+
+def health_thresholds(check: str) -> tuple[timedelta, timedelta]:
+    """The (warning, critical) thresholds of one of runs_health's checks (escalation, due, stuck, skew), from
+    DURABLERUNS_HEALTH_<CHECK>_WARNING_SECONDS and _CRITICAL_SECONDS; the defaults are in the table above."""
+    if check == "skew":
+        defaults = (lease_seconds() / 3, lease_seconds())
+    else:
+        defaults = _HEALTH_DEFAULTS[check]
+    name = f"DURABLERUNS_HEALTH_{check.upper()}"
+    return (timedelta(seconds=float(getattr(settings, f"{name}_WARNING_SECONDS", defaults[0]))),
+            timedelta(seconds=float(getattr(settings, f"{name}_CRITICAL_SECONDS", defaults[1]))))
