@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError
 
-from durableruns import conf, store, testing
+from durableruns import conf, signals, store, testing
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock
 from durableruns.engine import Engine, RunOutcome
@@ -293,8 +293,13 @@ def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, 
     if chosen is Outcome.HAPPENED:
         plan = plan_of(escalation.run)
         cursor = plan.index(escalation.step) + 1 if plan and escalation.step in plan else escalation.run.cursor + 1
-    return store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
-                                 note=note, result=result, cursor=cursor)
+    decision = store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
+                                     note=note, result=result, cursor=cursor)
+    signals.escalation_was_decided(decision)  # signals: sent now, the decision is committed
+    if chosen is Outcome.ABANDON:
+        signals.run_finished(decision.run_id, RunStatus.CANCELLED, reason=f"abandoned by {decided_by}: {note}",
+                             by=decided_by)
+    return decision
 
 
 def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: Any = None) -> Intervention:
@@ -309,12 +314,16 @@ def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: 
 def cancel_run(run_id: str, *, by: Any, note: str) -> Intervention:
     """Stop a run for good; a worker holding it is fenced out by the epoch bump."""
     decided_by, user_id = _who(by)
-    return store.record_staff_action(
+    note = _required_note(note)
+    cancelled = store.record_staff_action(
         run_id, action=Intervention.Action.CANCEL,
         allowed_from=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION,
                       RunStatus.FAILED),
-        new_status=RunStatus.CANCELLED, decided_by=decided_by, user_id=user_id, note=_required_note(note),
+        new_status=RunStatus.CANCELLED, decided_by=decided_by, user_id=user_id, note=note,
     )
+    signals.escalation_was_decided(cancelled)  # signals: an open escalation the cancel closed, if any
+    signals.run_finished(run_id, RunStatus.CANCELLED, reason=f"cancel by {decided_by}: {note}", by=decided_by)
+    return cancelled
 
 
 def retry_run(run_id: str, *, by: Any, note: str) -> Intervention:

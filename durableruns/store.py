@@ -19,7 +19,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.db.models import F
 
-from durableruns import pgsql
+from durableruns import pgsql, signals
 from durableruns.boundary import StepAttempt
 from durableruns.clock import Clock
 from durableruns.errors import (
@@ -223,6 +223,7 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
             RunState.objects.create(**fields)
     except IntegrityError:
         raise DuplicateRun(run_id=run_id) from None
+    signals.send_on_commit(signals.run_started, RunState, run_id=run_id, workflow=workflow)  # signals
 
 
 def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: str | None = None,
@@ -338,6 +339,8 @@ def record_result(
         if not recorded:
             raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
                             run_id=lease.run_id, epoch=lease.epoch)
+        if finish and next_intent is None:  # signals
+            signals.run_finished(lease.run_id, RunStatus.COMPLETED)
         return
     with transaction.atomic(durable=True):
         fields: dict[str, Any] = {"updated_at": clock.expression(),
@@ -359,6 +362,8 @@ def record_result(
             )
         if next_intent is not None:
             _insert_intent(lease, next_intent, clock)
+    if finish and next_intent is None:  # signals
+        signals.run_finished(lease.run_id, RunStatus.COMPLETED)
 
 
 def record_failure(lease: Lease, *, step: str, attempt: int, error: str, clock: Clock = DATABASE,
@@ -408,6 +413,7 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
         )
         if not moved:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+    signals.run_finished(lease.run_id, status, reason=storable(reason))  # signals: completed, failed, cancelled
 
 
 def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime | None,
@@ -421,13 +427,16 @@ def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, i
         )
         if not moved:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
-        Escalation.objects.get_or_create(
+        escalation, created = Escalation.objects.get_or_create(
             run_id=lease.run_id,
             step=step,
             attempt=attempt,
             defaults={"effect_key": effect_key, "in_doubt_since": in_doubt_since or clock.expression(),
                       "opened_at": clock.expression(), "reason": reason},
         )
+    if created:  # signals
+        signals.send_on_commit(signals.escalation_opened, Escalation, escalation_id=escalation.pk,
+                               run_id=lease.run_id, step=step, attempt=attempt, reason=reason)
 
 
 def record_decision(
