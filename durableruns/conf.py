@@ -92,3 +92,17 @@ def health_thresholds(check: str) -> tuple[timedelta, timedelta]:
     name = f"DURABLERUNS_HEALTH_{check.upper()}"
     return (timedelta(seconds=float(getattr(settings, f"{name}_WARNING_SECONDS", defaults[0]))),
             timedelta(seconds=float(getattr(settings, f"{name}_CRITICAL_SECONDS", defaults[1]))))
+
+
+def escalation_alert_period() -> timedelta:
+    """How long an escalation may stay open before the staff who may decide it are e-mailed (runs_health
+    --alert), and the least time between two such e-mails about it; DURABLERUNS_ESCALATION_ALERT_SECONDS,
+    4 hours by default."""
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_ESCALATION_ALERT_SECONDS", 4 * 3600.0)))
+
+
+def admin_base_url() -> str:
+    """The scheme and host the admin is reached at (e.g. "https://ops.example.com"), for links in e-mails, which
+    have no request to take them from; DURABLERUNS_ADMIN_BASE_URL, "" by default (the e-mail then carries the
+    page's path alone)."""
+    return str(getattr(settings, "DURABLERUNS_ADMIN_BASE_URL", "")).rstrip("/")

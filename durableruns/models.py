@@ -148,6 +148,10 @@ class Escalation(models.Model):
     in_doubt_since = models.DateTimeField()
     opened_at = models.DateTimeField()
     reason = models.TextField(blank=True, default="")
+    alerted_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the staff who may decide it were last e-mailed about it (runs_health --alert), by the "
+                  "database's clock: an open escalation is mailed at most once per DURABLERUNS_ESCALATION_ALERT_SECONDS.")
 
     objects = EscalationQuerySet.as_manager()
 

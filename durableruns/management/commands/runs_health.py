@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from durableruns.ops import health
+from durableruns.ops import alerts, health
 
 
 def _seconds(text: str) -> float:
@@ -43,8 +43,12 @@ class Command(BaseCommand):
                                     help=f"{level.capitalize()} at {_WHAT[check]} (default "
                                          f"DURABLERUNS_HEALTH_{check.upper()}_{level.upper()}_SECONDS).")
         parser.add_argument("--json", action="store_true", help="Print the report as JSON instead.")
+        parser.add_argument("--alert", action="store_true",
+                            help="First e-mail the staff who may decide each escalation open longer than "
+                                 "DURABLERUNS_ESCALATION_ALERT_SECONDS (at most once per that period); the "
+                                 "summary goes to stderr (in the JSON, under \"alerts\").")
 
-    def handle(self, *args: Any, json: bool, **options: Any) -> None:
+    def handle(self, *args: Any, json: bool, alert: bool, **options: Any) -> None:
         limits = {}
         for check in health.CHECKS:
             default = health.thresholds(check)
@@ -53,6 +57,7 @@ class Command(BaseCommand):
                 warning=default.warning if warning is None else timedelta(seconds=warning),
                 critical=default.critical if critical is None else timedelta(seconds=critical))
         try:
+            sent = alerts.send_escalation_alerts() if alert else None
             report = health.check(limits=limits)
         except DatabaseError as exc:
             message = f"the database cannot be read: {exc}".strip()
@@ -60,8 +65,14 @@ class Command(BaseCommand):
                 {"check": "database", "level": "critical", "message": message}]}) if json else
                 f"CRITICAL database: {message}")
             raise CommandError("critical: the database cannot be read", returncode=2) from exc
+        if sent is not None and not json:
+            self.stderr.write(sent.summary())
         if json:
-            self.stdout.write(_json(report.as_dict()))
+            data = report.as_dict()
+            if sent is not None:
+                data["alerts"] = {"summary": sent.summary(), "sent": [pk for pk, _ in sent.sent],
+                                  "failed": [pk for pk, _ in sent.failed], "recipients": list(sent.recipients)}
+            self.stdout.write(_json(data))
         else:
             for line in report.lines():
                 self.stdout.write(line)
