@@ -12,6 +12,7 @@ from django.db import DatabaseError
 from durableruns import conf, services
 from durableruns.clock import host_skew
 from durableruns.engine import RunOutcome
+from durableruns.ops import metrics
 
 
 def _positive(kind: type) -> Any:
@@ -46,9 +47,13 @@ class Command(BaseCommand):
                             help="Stop claiming new runs after this many seconds.")
         parser.add_argument("--lease", type=_positive(float), default=None,
                             help="Lease length in seconds (default DURABLERUNS_LEASE_SECONDS, 30).")
+        parser.add_argument("--metrics-port", type=_positive(int), default=None, metavar="PORT",
+                            help="Serve this worker's counters for Prometheus at http://127.0.0.1:PORT/metrics "
+                                 "(needs durableruns[metrics]).")
 
     def handle(self, *args: Any, loop: bool, interval: float, limit: int, run_id: str | None, dry_run: bool,
-               worker: str | None, max_seconds: float | None, lease: float | None, **options: Any) -> None:
+               worker: str | None, max_seconds: float | None, lease: float | None, metrics_port: int | None = None,
+               **options: Any) -> None:
         if dry_run:
             self._preview(limit=limit, run_id=run_id)
             return
@@ -58,6 +63,7 @@ class Command(BaseCommand):
             self._check_skew(lease)
         except DatabaseError as exc:
             raise _stopped(exc) from exc
+        counters = metrics.serve_worker(metrics_port)  # None without --metrics-port
         stopping = _StopFlag()
         began = time.monotonic()
         crashed = 0
@@ -67,9 +73,12 @@ class Command(BaseCommand):
                 break
             try:
                 report = services.resume_due(limit=limit, owner=owner, lease_seconds=lease, run_id=run_id,
-                                             max_seconds=remaining, on_outcome=self._line)
+                                             max_seconds=remaining,
+                                             on_outcome=counters.observing(self._line) if counters else self._line)
             except DatabaseError as exc:
                 raise _stopped(exc) from exc
+            if counters is not None:
+                counters.pass_done(report)
             for run, error in report.crashed:
                 self.stderr.write(f"{run}: raised {error}")
             crashed += len(report.crashed)
