@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, F, Min, Q, Sum
+from django.db.models import Count, Min, Q, Sum
 from django.http import HttpRequest, HttpResponse
 
 from durableruns.clock import Clock
@@ -61,10 +61,7 @@ def record_families(clock: Clock | None = None) -> list[Any]:
                               "workflow.", labels=["workflow"])
     doubt_age = GaugeMetricFamily("durableruns_step_in_doubt_oldest_seconds",
                                   "Age of the oldest attempt in doubt, by workflow.", labels=["workflow"])
-    unheld = Q(run__status__in=_UNHELD) | Q(run__status=RunStatus.RUNNING, run__lease_expires_at__lt=now)
-    for workflow, count, oldest in (RunStep.objects.filter(unheld, status=StepStatus.STARTED).order_by()
-                                    .values_list("run__workflow").annotate(n=Count("pk"), oldest=Min("started_at"))
-                                    .values_list("run__workflow", "n", "oldest")):
+    for workflow, count, oldest in in_doubt_by_workflow(now):
         doubt.add_metric([workflow], count)
         doubt_age.add_metric([workflow], _seconds(now, oldest))
 
@@ -79,6 +76,15 @@ def record_families(clock: Clock | None = None) -> list[Any]:
         escalations.add_metric([workflow], count)
         escalation_age.add_metric([workflow], _seconds(now, oldest))
     return [runs, steps, doubt, doubt_age, escalations, escalation_age]
+
+
+def in_doubt_by_workflow(now: datetime) -> list[tuple[str, int, datetime]]:
+    """(workflow, attempts in doubt, the oldest's start) for each workflow with any: started attempts of runs no
+    live worker holds."""
+    unheld = Q(run__status__in=_UNHELD) | Q(run__status=RunStatus.RUNNING, run__lease_expires_at__lt=now)
+    return list(RunStep.objects.filter(unheld, status=StepStatus.STARTED).order_by()
+                .values_list("run__workflow").annotate(n=Count("pk"), oldest=Min("started_at"))
+                .values_list("run__workflow", "n", "oldest"))
 
 
 class _Collector:
