@@ -8,6 +8,12 @@ for a baseline with no prune running, then while `prune_runs --older-than 30` de
 the prune's wall time and rate, and the claim latency's percentiles in both phases.
 
     python -m bench.prune --runs 200000 [--db h16_bench_prune] [--out bench/results/prune.json]
+
+With --queries it times instead what operators' tools read on a record of that size (with a few hundred active
+runs, attempts in doubt and open escalations beside the finished ones): the metrics view's gauges, the admin
+dashboard's charts and runs_health's checks, each the median of several reads, with the plan of each query.
+
+    python -m bench.prune --runs 1000000 --queries
 """
 
 from __future__ import annotations
@@ -89,6 +95,85 @@ def _latency(samples: list[float]) -> dict[str, Any]:
             "p99_ms": round(percentile(ms, 99), 3), "max_ms": round(max(ms), 3)}
 
 
+def add_live(pending: int = 1000, crashed: int = 100, escalated: int = 50) -> None:
+    """Beside the finished runs: pending runs, runs whose worker died in step 2 (lease expired, attempt started),
+    and runs stopped on an open escalation of their step 3."""
+    from bench.workflows import noop9
+
+    app.execute(
+        "INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, "
+        "lease_expires_at, wake_at, reason, input, created_at, updated_at) "
+        "SELECT 'live-' || g, %s, %s, CASE WHEN g <= %s THEN 'pending' WHEN g <= %s THEN 'running' "
+        "ELSE 'needs_decision' END, 1, 'gone', 1, CASE WHEN g > %s AND g <= %s THEN now() - interval '1 minute' "
+        "END, NULL, '', '{}'::jsonb, now() - interval '2 hours', now() - interval '10 minutes' "
+        "FROM generate_series(1, %s) g",
+        [noop9.name, noop9.fingerprint, pending, pending + crashed, pending, pending + crashed,
+         pending + crashed + escalated])
+    app.execute(
+        "INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, finished_at, result, error, "
+        "resolution, owner, epoch, loop_cursor, progress) "
+        "SELECT 'live-' || g, 'step_3', 1, 'started', 'live-' || g || ':step_3', now() - interval '20 minutes', "
+        "NULL, NULL, '', '', 'gone', 1, 0, '{}'::jsonb FROM generate_series(%s, %s) g",
+        [pending + 1, pending + crashed + escalated])
+    app.execute(
+        "INSERT INTO run_escalation (run_id, step, attempt, effect_key, in_doubt_since, opened_at, reason) "
+        "SELECT 'live-' || g, 'step_3', 1, 'live-' || g || ':step_3', now() - interval '20 minutes', "
+        "now() - interval '15 minutes', 'bench' FROM generate_series(%s, %s) g",
+        [pending + crashed + 1, pending + crashed + escalated])
+    app.execute("VACUUM ANALYZE run_state")
+    app.execute("VACUUM ANALYZE run_step")
+
+
+def time_readers(runs: int, *, repeat: int = 7) -> dict[str, Any]:
+    """Median milliseconds of each operator's read on a record of `runs` finished runs plus live ones, and the
+    plans of the queries each sends."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from durableruns.clock import Clock
+    from durableruns.ops import dashboard, health, metrics
+
+    build(runs)
+    add_live()
+    now = Clock().now()
+    readers = {
+        "metrics view (render_record)": lambda: metrics.render_record(),
+        "dashboard (build)": lambda: dashboard.build(),
+        "runs_health checks (escalation, due, stuck)": lambda: (
+            health.check_escalations(now, health.thresholds("escalation")),
+            health.check_due(now, health.thresholds("due")),
+            health.check_stuck(now, health.thresholds("stuck"))),
+    }
+    result: dict[str, Any] = {"finished_runs": runs, "attempts": runs * ATTEMPTS + 150, "readers": {}}
+    for name, read in readers.items():
+        read()  # warm: plans and caches as a scraper's second visit finds them
+        times = []
+        for _ in range(repeat):
+            began = time.perf_counter()
+            read()
+            times.append((time.perf_counter() - began) * 1e3)
+        with CaptureQueriesContext(connection) as seen:
+            read()
+        plans = []
+        for query in seen.captured_queries:
+            sql = query["sql"]
+            if not sql.lstrip().upper().startswith("SELECT") or "clock_timestamp()" in sql:
+                continue
+            [(plan,)] = app.execute("EXPLAIN (FORMAT JSON) " + sql)
+            plans.append(_nodes(plan[0]["Plan"]))
+        result["readers"][name] = {"median_ms": round(sorted(times)[len(times) // 2], 2),
+                                   "queries": len(seen.captured_queries), "plans": plans}
+    return result
+
+
+def _nodes(plan: dict[str, Any]) -> str:
+    """A plan as its nodes, outermost first: 'Aggregate > Index Only Scan run_state_workflow_status_idx'."""
+    here = plan["Node Type"] + (f" {plan['Index Name']}" if "Index Name" in plan else "") + (
+        f" {plan['Relation Name']}" if "Relation Name" in plan and "Index Name" not in plan else "")
+    children = [_nodes(child) for child in plan.get("Plans", [])]
+    return here + (" > (" + "; ".join(children) + ")" if children else "")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200_000)
@@ -96,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--baseline-seconds", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--queries", action="store_true", help="Time the operators' reads instead of a prune.")
     parser.add_argument("--claimer", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--samples", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -104,6 +190,12 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.claimer is not None:
         claimer(args.claimer, args.samples)
+        return
+    if args.queries:
+        figures = time_readers(args.runs)
+        if args.out is not None:
+            args.out.write_text(json.dumps(figures, indent=2) + "\n")
+        print(json.dumps(figures, indent=2))
         return
     print(json.dumps(run(args.db, args.runs, batch_size=args.batch_size, baseline_seconds=args.baseline_seconds,
                          out=args.out), indent=2))

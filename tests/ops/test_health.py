@@ -156,6 +156,7 @@ def _url() -> str:
     return f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize(("offset", "expected"), [("+15s", 1), ("-45s", 2)])
 def test_a_host_clock_far_from_the_databases_is_a_warning_then_critical(offset, expected):
     """The real command on a host whose wall clock is moved (libfaketime): exit statuses as cron's shell sees."""
@@ -169,12 +170,14 @@ def test_a_host_clock_far_from_the_databases_is_a_warning_then_critical(offset, 
     assert side in line
 
 
+@pytest.mark.postgres
 def test_the_real_command_exits_zero_when_all_is_well():
     proc = _manage("runs_health", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["status"] == "ok"
 
 
+@pytest.mark.postgres
 def test_an_unreachable_database_is_critical():
     proc = _manage("runs_health", DATABASE_URL="postgres://postgres@127.0.0.1:1/nowhere")
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -152,6 +152,7 @@ def test_a_second_pass_appends_to_the_archive(tmp_path: Path):
     assert [json.loads(line)["run"]["run_id"] for line in path.read_text().splitlines()] == [first, second]
 
 
+@pytest.mark.postgres
 def test_a_run_locked_by_another_transaction_is_skipped_not_waited_for():
     """A row some other transaction holds (a staff retry about to make it pending) is left to the next pass."""
     import threading
