@@ -181,3 +181,10 @@ def test_a_run_locked_by_another_transaction_is_skipped_not_waited_for():
     assert report.runs == 1
     assert remaining() == {held}
     assert free not in remaining()
+
+
+def test_an_archive_that_cannot_be_written_deletes_nothing(tmp_path: Path):
+    run = aged_run(RunStatus.COMPLETED, days=40)
+    with pytest.raises(CommandError, match="cannot write the archive .*nothing deleted"):
+        prune_runs("--older-than", "30", "--archive", str(tmp_path / "no-such-folder" / "pruned.jsonl"))
+    assert remaining() == {run}

@@ -57,7 +57,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, older_than: float | None, status: tuple[str, ...], dry_run: bool,
                batch_size: int, archive: str | None, verbosity: int, **options: Any) -> None:
-        out = open(archive, "a", encoding="utf-8") if archive and not dry_run else None  # noqa: SIM115
+        try:
+            out = open(archive, "a", encoding="utf-8") if archive and not dry_run else None  # noqa: SIM115
+        except OSError as exc:
+            raise CommandError(f"cannot write the archive {archive}: {exc.strerror or exc}; nothing deleted") from None
         try:
             report = prune.prune(older_than_days=older_than, statuses=status, batch_size=batch_size,
                                  archive=out, dry_run=dry_run,
