@@ -28,7 +28,7 @@ from durableruns.models import Escalation, RunState, RunStatus
 from durableruns.ops.metrics import in_doubt_by_workflow
 
 # Fill colours by status, matching the tones of the admin's badges.
-STATUS_COLOURS = {
+STATUS_COLOURS: dict[str, str] = {
     RunStatus.PENDING: "#3b82f6",
     RunStatus.RUNNING: "#2563eb",
     RunStatus.WAITING: "#d97706",
