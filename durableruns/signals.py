@@ -17,6 +17,9 @@ committed, and an integration's bug must not turn a finished run into a failed p
                         call raised without an answer; `cause` is the error then, else ""), before settling it
                         by its policy; sent each time a worker finds it so, e.g. on each pass that waits out a
                         lookup's lag
+    attempt_failed      sender=RunStep    run_id, step, attempt, error
+                        the far system refused the call (or a re_executable step raised): the attempt is
+                        recorded failed; the run retries it or fails by the step's max_attempts
     escalation_opened   sender=Escalation escalation_id, run_id, step, attempt, reason
     escalation_decided  sender=Escalation escalation_id, run_id, step, attempt, action (happened,
                                           did_not_happen, abandon, or cancel when the run was cancelled), by
@@ -41,6 +44,7 @@ run_completed = Signal()
 run_failed = Signal()
 run_cancelled = Signal()
 step_in_doubt = Signal()
+attempt_failed = Signal()
 escalation_opened = Signal()
 escalation_decided = Signal()
 

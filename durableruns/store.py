@@ -380,6 +380,8 @@ def record_failure(lease: Lease, *, step: str, attempt: int, error: str, clock: 
                 effect_key=effect_key, started_at=clock.expression(), finished_at=clock.expression(), error=error,
                 owner=lease.owner, epoch=lease.epoch,
             )
+    signals.send_on_commit(signals.attempt_failed, RunStep, run_id=lease.run_id, step=step, attempt=attempt,
+                           error=error)  # signals
 
 
 def checkpoint(lease: Lease, *, step: str, attempt: int, loop_cursor: int, progress: dict[str, Any],

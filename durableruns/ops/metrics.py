@@ -9,8 +9,9 @@ run_state_workflow_status_idx: it reads one index entry per run the record keeps
 0.15-0.2 s at 1.1M runs here, bench/results/prune.md), attempts in doubt (the pending, waiting, lease-expired
 and stopped runs through their partial indexes, then their started attempts by primary key), and open
 escalations (their queue). They are read at each scrape of the view, never by workers, so N workers add no load
-on the record. Each worker serves only its own counters (runs it handled by outcome, steps it ran, runs whose
-pass raised, passes and their duration): a worker knows those for free.
+on the record. Each worker serves only its own counters (runs it handled by outcome, steps it ran, attempts it
+recorded failed, attempts it found in doubt, runs whose pass raised, passes and their duration): a worker knows
+those for free.
 """
 
 from __future__ import annotations
@@ -154,7 +155,26 @@ class WorkerMetrics:
                               registry=self.registry)
         self.passes = Summary("durableruns_worker_pass_seconds", "Duration of this worker's resume passes.",
                               registry=self.registry)
+        self.failed = Counter("durableruns_worker_attempts_failed",
+                              "Attempts this worker recorded failed (the far system refused the call).",
+                              registry=self.registry)
+        self.in_doubt = Counter("durableruns_worker_steps_in_doubt",
+                                "Times this worker found an attempt in doubt and settled it by its policy.",
+                                registry=self.registry)
         self._lock = threading.Lock()
+
+    def listen(self) -> None:
+        """Count this process's failed and in-doubt attempts from durableruns' signals (sent in this process)."""
+        from durableruns import signals
+
+        signals.attempt_failed.connect(self._failed, weak=False, dispatch_uid=f"durableruns-metrics-{id(self)}")
+        signals.step_in_doubt.connect(self._in_doubt, weak=False, dispatch_uid=f"durableruns-metrics-{id(self)}")
+
+    def _failed(self, **_: Any) -> None:
+        self.failed.inc()
+
+    def _in_doubt(self, **_: Any) -> None:
+        self.in_doubt.inc()
 
     def outcome(self, outcome: Any) -> None:
         """Count one run's outcome (services.resume_due's on_outcome)."""
@@ -188,5 +208,6 @@ def serve_worker(port: int | None) -> WorkerMetrics | None:
     if port is None:
         return None
     metrics = WorkerMetrics()
+    metrics.listen()
     metrics.serve(port)
     return metrics

@@ -16,8 +16,8 @@ from tests.factories import crash_after_intent, make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ALL = ("run_started", "run_completed", "run_failed", "run_cancelled", "step_in_doubt", "escalation_opened",
-       "escalation_decided")
+ALL = ("run_started", "run_completed", "run_failed", "run_cancelled", "step_in_doubt", "attempt_failed",
+       "escalation_opened", "escalation_decided")
 
 
 class Heard(list[tuple[str, type, dict[str, Any]]]):
@@ -78,6 +78,9 @@ def test_a_run_whose_step_keeps_being_rejected_sends_failed_with_the_reason(hear
     run = make_run("scripted", {"first": "reject"})
     services.resume_due()
     assert RunState.objects.get(pk=run).status == RunStatus.FAILED
+    assert [(a["step"], a["attempt"]) for a in heard.named("attempt_failed")] == [("first", 1), ("first", 2),
+                                                                                 ("first", 3)]
+    assert all(a["run_id"] == run and "first refused" in a["error"] for a in heard.named("attempt_failed"))
     [failed] = heard.named("run_failed")
     assert failed["run_id"] == run and failed["workflow"] == "scripted"
     assert "first refused" in failed["reason"]
