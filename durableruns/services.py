@@ -139,6 +139,7 @@ def resume_due(
     max_seconds: float | None = None,
     clock: Clock | None = None,
     on_outcome: Callable[[RunOutcome], None] | None = None,
+    on_claim: Callable[[float], None] | None = None,
 ) -> PassReport:
     """Claim due runs one at a time and work each; safe to run from any number of hosts at once, whatever their
     clocks say: every time that decides ownership is the database's (`clock` shifts it, for tests).
@@ -147,6 +148,9 @@ def resume_due(
     recorded as the run's reason and the run waits out a backoff, while the pass goes on to the next run. A
     database that cannot be reached stops the pass (raised to the caller): nothing is half recorded, since
     every fact is its own transaction, and the next pass picks up from the record.
+
+    `on_claim(seconds)`, if given, hears how long each claim took (a worker's metrics); without it nothing is
+    timed.
     """
     clock = clock or store.DATABASE
     owner = owner or default_owner()
@@ -155,7 +159,7 @@ def resume_due(
     began = time.monotonic()
     with Engine(clock=clock) as engine:
         _work_due(engine, report, limit=limit, owner=owner, lease_seconds=lease_seconds, run_id=run_id,
-                  max_seconds=max_seconds, began=began, clock=clock, on_outcome=on_outcome)
+                  max_seconds=max_seconds, began=began, clock=clock, on_outcome=on_outcome, on_claim=on_claim)
     report.seconds = time.monotonic() - began
     return report
 
@@ -169,12 +173,16 @@ def _before_first_intent() -> Callable[[str], None] | None:
 
 def _work_due(engine: Engine, report: PassReport, *, limit: int, owner: str, lease_seconds: float,
               run_id: str | None, max_seconds: float | None, began: float, clock: Clock,
-              on_outcome: Callable[[RunOutcome], None] | None) -> None:
+              on_outcome: Callable[[RunOutcome], None] | None,
+              on_claim: Callable[[float], None] | None = None) -> None:
     while len(report.outcomes) + len(report.crashed) < limit:
         if max_seconds is not None and time.monotonic() - began >= max_seconds:
             break
+        asked = time.monotonic() if on_claim is not None else 0.0
         claimed = store.claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id,
                               first_steps=first_steps(), before_first_intent=_before_first_intent())
+        if on_claim is not None:  # metrics: a worker's claim latency
+            on_claim(time.monotonic() - asked)
         if claimed is None:
             break
         try:

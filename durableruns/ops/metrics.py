@@ -10,8 +10,8 @@ run_state_workflow_status_idx: it reads one index entry per run the record keeps
 and stopped runs through their partial indexes, then their started attempts by primary key), and open
 escalations (their queue). They are read at each scrape of the view, never by workers, so N workers add no load
 on the record. Each worker serves only its own counters (runs it handled by outcome, steps it ran, attempts it
-recorded failed, attempts it found in doubt, runs whose pass raised, passes and their duration): a worker knows
-those for free.
+recorded failed, attempts it found in doubt, runs whose pass raised, passes and their duration, and its claims'
+latency): a worker knows those for free.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class WorkerMetrics:
     """Counters of one worker process, updated as its passes go and served on their own port."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Summary
+        from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
 
         self.registry = CollectorRegistry(auto_describe=True)
         self.runs = Counter("durableruns_worker_runs", "Runs this worker handled, by the status it left them in.",
@@ -161,7 +161,15 @@ class WorkerMetrics:
         self.in_doubt = Counter("durableruns_worker_steps_in_doubt",
                                 "Times this worker found an attempt in doubt and settled it by its policy.",
                                 registry=self.registry)
+        self.claims = Histogram("durableruns_worker_claim_seconds",
+                                "How long this worker's claims took (one statement on PostgreSQL), found or not.",
+                                buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+                                registry=self.registry)
         self._lock = threading.Lock()
+
+    def claimed(self, seconds: float) -> None:
+        """Record one claim's duration (services.resume_due's on_claim)."""
+        self.claims.observe(seconds)
 
     def listen(self) -> None:
         """Count this process's failed and in-doubt attempts from durableruns' signals (sent in this process)."""

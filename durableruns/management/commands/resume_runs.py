@@ -74,7 +74,8 @@ class Command(BaseCommand):
             try:
                 report = services.resume_due(limit=limit, owner=owner, lease_seconds=lease, run_id=run_id,
                                              max_seconds=remaining,
-                                             on_outcome=counters.observing(self._line) if counters else self._line)
+                                             on_outcome=counters.observing(self._line) if counters else self._line,
+                                             on_claim=counters.claimed if counters else None)
             except DatabaseError as exc:
                 raise _stopped(exc) from exc
             if counters is not None:
