@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durableruns import conf, store, testing
+from durableruns import conf, signals, store, testing
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
@@ -235,6 +235,9 @@ class Engine:
     def _settle(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, cause: str = ""
                 ) -> tuple[Intent | None, bool]:
         """Settle an in-doubt attempt by the step's policy; `cause` says what put it in doubt, if it was seen."""
+        signals.send_on_commit(signals.step_in_doubt, RunStep, run_id=state.run_id, workflow=state.workflow.name,
+                               step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
+                               policy=step.policy.value, cause=cause)
         outcome, escalation_open = self._escalation_state(state.run_id, step, attempt)
         verdict = settle_in_doubt(step.policy, attempt=attempt, escalation_open=escalation_open,
                                   staff_outcome=outcome)

@@ -72,6 +72,10 @@ class RunState(models.Model):
                 condition=Q(status__in=["pending", "running", "waiting"]),
             ),
             models.Index(fields=["workflow", "status"], name="run_state_workflow_status_idx"),
+            # Runs stopped for staff, which run_state_active_idx leaves out: the health checks, metrics and
+            # dashboard find them (and their attempts in doubt) without reading every finished run. Status is
+            # already indexed, so this adds no cost to a step's write.
+            models.Index(fields=["workflow"], name="run_state_stopped_idx", condition=Q(status="needs_decision")),
             models.Index(fields=["-created_at"], name="run_state_created_idx"),
         ]
         constraints = [
@@ -148,6 +152,11 @@ class Escalation(models.Model):
     in_doubt_since = models.DateTimeField()
     opened_at = models.DateTimeField()
     reason = models.TextField(blank=True, default="")
+    alerted_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the staff who may decide it were last e-mailed about it (runs_health --alert), by the "
+                  "database's clock: an open escalation is mailed at most once per "
+                  "DURABLERUNS_ESCALATION_ALERT_SECONDS.")
 
     objects = EscalationQuerySet.as_manager()
 

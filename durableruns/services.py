@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from durableruns import conf, store
+from durableruns import conf, signals, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
 from durableruns.engine import RunOutcome, step_timeout
@@ -121,6 +121,7 @@ def resume_due(
     grace: float | None = None,
     listen: bool = False,
     on_start: Callable[[str], None] | None = None,
+    on_claim: Callable[[float], None] | None = None,
 ) -> PassReport:
     """Claim due runs and work them, with `concurrency` threads, until none is due (or, given a `waker`, until
     `stopping` is set or `max_seconds` pass); safe to run from any number of hosts at once, whatever their
@@ -134,6 +135,9 @@ def resume_due(
     With a `waker` and `listen` on PostgreSQL, idle threads are woken by notifications (a new run, a decision)
     and by a timer for the next wake time or lease expiry, polling every `idle_seconds` as the safety net;
     `on_start` is told how the process picks work up.
+
+    `on_claim(seconds)`, if given, hears how long each claim took (a worker's metrics); without it nothing is
+    timed.
     """
     clock = clock or store.DATABASE
     report = PassReport()
@@ -159,7 +163,7 @@ def resume_due(
                 lease_seconds=conf.lease_seconds() if lease_seconds is None else lease_seconds, report=report,
                 budget=Budget(limit), run_id=run_id, deadline=None if max_seconds is None else began + max_seconds,
                 stopping=stopping, waker=waker, idle_seconds=idle_seconds, on_outcome=on_outcome,
-                timer=seconds_until_next_due if waker is not None and on_postgresql() else None)
+                timer=seconds_until_next_due if waker is not None and on_postgresql() else None, on_claim=on_claim)
             try:
                 pool.run(grace=grace)
             finally:
@@ -259,8 +263,13 @@ def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, 
     if chosen is Outcome.HAPPENED:
         plan = plan_of(escalation.run)
         cursor = plan.index(escalation.step) + 1 if plan and escalation.step in plan else escalation.run.cursor + 1
-    return store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
-                                 note=note, result=result, cursor=cursor)
+    decision = store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
+                                     note=note, result=result, cursor=cursor)
+    signals.escalation_was_decided(decision)  # signals: sent now, the decision is committed
+    if chosen is Outcome.ABANDON:
+        signals.run_finished(decision.run_id, RunStatus.CANCELLED, reason=f"abandoned by {decided_by}: {note}",
+                             by=decided_by)
+    return decision
 
 
 def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: Any = None) -> Intervention:
@@ -275,12 +284,16 @@ def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: 
 def cancel_run(run_id: str, *, by: Any, note: str) -> Intervention:
     """Stop a run for good; a worker holding it is fenced out by the epoch bump."""
     decided_by, user_id = _who(by)
-    return store.record_staff_action(
+    note = _required_note(note)
+    cancelled = store.record_staff_action(
         run_id, action=Intervention.Action.CANCEL,
         allowed_from=(RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION,
                       RunStatus.FAILED),
-        new_status=RunStatus.CANCELLED, decided_by=decided_by, user_id=user_id, note=_required_note(note),
+        new_status=RunStatus.CANCELLED, decided_by=decided_by, user_id=user_id, note=note,
     )
+    signals.escalation_was_decided(cancelled)  # signals: an open escalation the cancel closed, if any
+    signals.run_finished(run_id, RunStatus.CANCELLED, reason=f"cancel by {decided_by}: {note}", by=decided_by)
+    return cancelled
 
 
 def retry_run(run_id: str, *, by: Any, note: str) -> Intervention:

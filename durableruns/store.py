@@ -19,7 +19,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.db.models import F
 
-from durableruns import pgsql
+from durableruns import pgsql, signals
 from durableruns.boundary import StepAttempt
 from durableruns.clock import Clock
 from durableruns.errors import (
@@ -247,6 +247,7 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
             RunState.objects.create(**fields)
     except IntegrityError:
         raise DuplicateRun(run_id=run_id) from None
+    signals.send_on_commit(signals.run_started, RunState, run_id=run_id, workflow=workflow)  # signals
 
 
 def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: str | None = None,
@@ -380,6 +381,8 @@ def record_result(
         if not recorded:
             raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
                             run_id=lease.run_id, epoch=lease.epoch)
+        if finish and next_intent is None:  # signals
+            signals.run_finished(lease.run_id, RunStatus.COMPLETED)
         return
     with transaction.atomic(durable=True):
         fields: dict[str, Any] = {"updated_at": clock.expression(),
@@ -401,6 +404,8 @@ def record_result(
             )
         if next_intent is not None:
             _insert_intent(lease, next_intent, clock)
+    if finish and next_intent is None:  # signals
+        signals.run_finished(lease.run_id, RunStatus.COMPLETED)
 
 
 def record_failure(lease: Lease, *, step: str, attempt: int, error: str, clock: Clock = DATABASE,
@@ -417,6 +422,8 @@ def record_failure(lease: Lease, *, step: str, attempt: int, error: str, clock: 
                 effect_key=effect_key, started_at=clock.expression(), finished_at=clock.expression(), error=error,
                 owner=lease.owner, epoch=lease.epoch,
             )
+    signals.send_on_commit(signals.attempt_failed, RunStep, run_id=lease.run_id, step=step, attempt=attempt,
+                           error=error)  # signals
 
 
 def checkpoint(lease: Lease, *, step: str, attempt: int, loop_cursor: int, progress: dict[str, Any],
@@ -452,6 +459,7 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         if status in (RunStatus.PENDING, RunStatus.WAITING):  # due now, or at a time idle workers must learn
             _wake_workers()
+    signals.run_finished(lease.run_id, status, reason=storable(reason))  # signals: completed, failed, cancelled
 
 
 def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime | None,
@@ -465,13 +473,16 @@ def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, i
         )
         if not moved:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
-        Escalation.objects.get_or_create(
+        escalation, created = Escalation.objects.get_or_create(
             run_id=lease.run_id,
             step=step,
             attempt=attempt,
             defaults={"effect_key": effect_key, "in_doubt_since": in_doubt_since or clock.expression(),
                       "opened_at": clock.expression(), "reason": reason},
         )
+    if created:  # signals
+        signals.send_on_commit(signals.escalation_opened, Escalation, escalation_id=escalation.pk,
+                               run_id=lease.run_id, step=step, attempt=attempt, reason=reason)
 
 
 def record_decision(

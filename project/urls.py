@@ -30,4 +30,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/docs/", login_required(APIDocs.as_view(), login_url="admin:login"), name="api-docs"),
     path("api/", include("durableruns.api.urls")),
+    path("durableruns/", include("durableruns.ops.urls")),  # /durableruns/metrics for Prometheus
 ]

@@ -161,6 +161,7 @@ class WorkerPool:
         waker: Waker | None = None,
         idle_seconds: float = 5.0,
         timer: Callable[[], float | None] | None = None,
+        on_claim: Callable[[float], None] | None = None,
         on_outcome: Callable[[RunOutcome], None] | None = None,
     ) -> None:
         self.concurrency = concurrency
@@ -176,6 +177,7 @@ class WorkerPool:
         self.waker = waker
         self.idle_seconds = idle_seconds
         self.timer = timer  # seconds until the next run comes due by itself (a wake time, a lease running out)
+        self.on_claim = on_claim  # hears how long each claim took (a worker's metrics)
         self.on_outcome = on_outcome
         self.error: DatabaseError | None = None
         if waker is not None:
@@ -255,6 +257,7 @@ class WorkerPool:
         while not self.stopping.is_set() and not self._past_deadline():
             if not self.budget.take():
                 return worked, True
+            asked = time.monotonic() if self.on_claim is not None else 0.0
             claimed = store.claim(
                 owner=owner,
                 lease_seconds=self.lease_seconds,
@@ -263,6 +266,8 @@ class WorkerPool:
                 first_steps=first_steps(),
                 before_first_intent=_before_first_intent(),
             )
+            if self.on_claim is not None:
+                self.on_claim(time.monotonic() - asked)
             if claimed is None:
                 self.budget.give_back()
                 break

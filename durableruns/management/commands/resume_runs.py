@@ -13,6 +13,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from durableruns import conf, connections, services
 from durableruns.clock import host_skew, on_postgresql
 from durableruns.engine import RunOutcome
+from durableruns.ops import metrics
 from durableruns.worker.pool import Stopping, Waker
 
 
@@ -54,10 +55,13 @@ class Command(BaseCommand):
                             help="Stop claiming new runs after this many seconds.")
         parser.add_argument("--lease", type=_positive(float), default=None,
                             help="Lease length in seconds (default DURABLERUNS_LEASE_SECONDS, 30).")
+        parser.add_argument("--metrics-port", type=_positive(int), default=None, metavar="PORT",
+                            help="Serve this worker's counters for Prometheus at http://127.0.0.1:PORT/metrics "
+                                 "(needs durableruns[metrics]).")
 
     def handle(self, *args: Any, loop: bool, interval: float, limit: int | None, concurrency: int | None,
                run_id: str | None, dry_run: bool, worker: str | None, max_seconds: float | None,
-               lease: float | None, **options: Any) -> None:
+               lease: float | None, metrics_port: int | None = None, **options: Any) -> None:
         if dry_run:
             self._preview(limit=limit, run_id=run_id)
             return
@@ -67,16 +71,20 @@ class Command(BaseCommand):
         threads = self._threads(concurrency)
         stopping = Stopping()
         _on_signals(stopping)
+        counters = metrics.serve_worker(metrics_port)  # None without --metrics-port
         try:
             self._check_skew(lease)
             report = services.resume_due(
                 limit=limit, owner=owner, lease_seconds=lease, run_id=run_id, max_seconds=max_seconds,
-                on_outcome=self._line, concurrency=threads, stopping=stopping, waker=Waker() if loop else None,
-                idle_seconds=interval, grace=conf.shutdown_grace(), listen=loop,
+                on_outcome=counters.observing(self._line) if counters else self._line,
+                on_claim=counters.claimed if counters else None, concurrency=threads, stopping=stopping,
+                waker=Waker() if loop else None, idle_seconds=interval, grace=conf.shutdown_grace(), listen=loop,
                 on_start=(lambda how: self.stdout.write(f"{owner}: working, lease {lease:g}s, {how}")) if loop
                 else None)
         except DatabaseError as exc:
             raise _stopped(exc) from exc
+        if counters is not None:
+            counters.pass_done(report)
         for run, error in report.crashed:
             self.stderr.write(f"{run}: raised {error}")
         self.stdout.write(report.summary())
