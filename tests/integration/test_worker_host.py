@@ -50,7 +50,7 @@ def test_the_heartbeat_reconnects_after_its_connection_is_killed(far, workers):
     assert holder.returncode == 0, err
     assert "reconnecting for the next beat" in err, err
     run = RunState.objects.get(pk=run_id)
-    assert run.status == RunStatus.COMPLETED and run.owner == "holder#1"
+    assert run.status == RunStatus.COMPLETED and run.owner.startswith("holder#")
     assert list(RunStep.objects.filter(run_id=run_id).values_list("attempt", "status")) == [(1, "completed")]
     assert far.email.count() == 1  # the taker never ran the step a second time
     taker.kill()
