@@ -86,12 +86,14 @@ def targets(figures: dict[str, Any]) -> list[Target]:
     pickup = figures.get("pickup")
     if pickup:
         listening = pickup["listening"]
+        # Judged on the upper bound (from the start's INSERT, its commit included): the reading taken after start()
+        # returns can come after the worker's claim on a busy machine, so it errs low by the runner's own delay.
         for q, limit in (("p50", 10.0), ("p99", 50.0)):
             found.append(Target(name=f"pickup latency of an idle --loop worker, {q} <= {limit:g} ms",
-                                measured=listening[f"{q}_ms"], limit=limit, at_most=True,
-                                detail=f"{listening[f'{q}_ms']:.1f} ms (from the start's created_at: "
-                                       f"{listening['since_created'][q]:.1f} ms; polling only: "
-                                       f"{pickup['polling'][f'{q}_ms']:,.0f} ms), "
+                                measured=listening["since_created"][q], limit=limit, at_most=True,
+                                detail=f"{listening['since_created'][q]:.1f} ms from the start's INSERT (after "
+                                       f"start() returned: {listening[f'{q}_ms']:.1f} ms; polling only: "
+                                       f"{pickup['polling']['since_created'][q]:,.0f} ms), "
                                        f"{int(listening['latency_ms']['n'])} runs"))
     return found
 
