@@ -136,8 +136,8 @@ def resume_due(
     clock = clock or store.DATABASE
     report = PassReport()
     began = time.monotonic()
-    listening = waker is not None and listen and conf.listen() and on_postgresql()
-    listener = Listener(waker).start() if listening else None
+    listening = listen and conf.listen() and on_postgresql()
+    listener = Listener(waker).start() if waker is not None and listening else None
     if on_start is not None:
         pickup = f"polling every {idle_seconds:g}s"
         if listener is not None:
