@@ -5,8 +5,8 @@ few seconds, and starts ONE `manage.py resume_runs --once --concurrency N` proce
 working span on the database's clock (first step started to last step finished), so process start-up does not
 dilute the short levels; the process's wall time is reported too. While it works, a sampler reads
 pg_stat_activity every 50 ms (the process's connections, how many are active, how many wait on a lock, on
-what); the machine's CPU is read from /proc/stat before and after. When the process exits, os.wait4 gives its
-own resource use: peak resident memory (ru_maxrss) and CPU time (user + system), against its wall time.
+what), its peak resident memory is read from /proc/<pid>/status (VmHWM), and the machine's CPU from /proc/stat
+before and after. When the process exits, os.wait4 gives its CPU time (user + system), against its wall time.
 
 N threads need N connections plus the heartbeat's. When the largest level does not fit in the shared server's
 free connections, every level runs on a private server with the shared one's durability settings
@@ -110,8 +110,32 @@ def create_pending(conn: psycopg.Connection[Any], runs: int) -> None:
         {"workflow": io5.name, "fingerprint": get_workflow(io5.name).fingerprint, "runs": runs})
 
 
+def peak_rss_kb(pid: int) -> int | None:
+    """The process's peak resident memory so far (VmHWM, kB), or None once it has exited."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return None  # a zombie: exited, not yet reaped
+
+
+def watch_memory(pid: int, done: threading.Event, peak: list[int]) -> None:
+    """Keep the highest VmHWM of ``pid`` in ``peak[0]`` until it exits. Not ru_maxrss: a child's ru_maxrss also
+    counts the pages of the parent it was forked from (the runner), whichever is the larger."""
+    while not done.is_set():
+        kb = peak_rss_kb(pid)
+        if kb is None:
+            return
+        peak[0] = max(peak[0], kb)
+        done.wait(0.02)
+
+
 def run_worker(port: int, dbname: str, concurrency: int, *, timeout: float = 900.0) -> dict[str, Any]:
-    """One resume_runs --once process; its wall time and, from os.wait4, its peak RSS and CPU time."""
+    """One resume_runs --once process; its wall time, its peak RSS (VmHWM, read while it runs) and, from
+    os.wait4, its CPU time."""
     env = dict(os.environ, **app.site_env(dbname), PYTHONUNBUFFERED="1", PGAPPNAME=APP_NAME)
     env["DATABASE_URL"] = database_url(dbname, port)
     with tempfile.TemporaryFile("w+") as err:
@@ -120,16 +144,24 @@ def run_worker(port: int, dbname: str, concurrency: int, *, timeout: float = 900
                                 cwd=app.ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.start()
+        peak = [0]
+        exited = threading.Event()
+        memory = threading.Thread(target=watch_memory, args=(proc.pid, exited, peak), daemon=True)
+        memory.start()
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         finally:
             watchdog.cancel()
+            exited.set()
+            memory.join(timeout=5)
         wall = time.perf_counter() - began
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             err.seek(0)
             raise RuntimeError(f"resume_runs --concurrency {concurrency} exited {proc.returncode}: {err.read()[-2000:]}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024}
+    if not peak[0]:
+        raise RuntimeError(f"resume_runs --concurrency {concurrency}: no VmHWM read while it ran")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": peak[0] / 1024}
 
 
 def one_level(port: int, dbname: str, *, concurrency: int, runs: int) -> dict[str, Any]:
@@ -246,7 +278,7 @@ def measure(*, dbs: Databases, levels: tuple[tuple[int, int], ...], repeat: int)
         "server": server.description, "server_settings": {k: server.settings[k] for k in
                                                            ("fsync", "synchronous_commit", "max_connections")},
         "steps_per_s": "steps / working span on the database's clock (min started_at to max finished_at)",
-        "memory": "peak RSS of the worker process (os.wait4 ru_maxrss)",
+        "memory": "peak RSS of the worker process (VmHWM of /proc/<pid>/status, read every 20 ms while it ran)",
         "connections": f"most of the worker's backends seen at once (PGAPPNAME={APP_NAME}), sampled every "
                        f"{SAMPLE_EVERY_S * 1000:g} ms: its threads and its heartbeat",
         "limited_by": "CPU if the machine's cores were >= 85% busy (every process, other jobs too); else lock "
