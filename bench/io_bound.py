@@ -26,24 +26,27 @@ def worker_args(concurrency: int) -> tuple[str, ...]:
     return ("--once", "--concurrency", str(concurrency), "--lease", "30")
 
 
-def one_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> float:
-    """Seconds for ``workers`` processes of ``concurrency`` threads to complete ``runs`` I/O-bound runs."""
+def one_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tuple[float, float]:
+    """Seconds for ``workers`` processes of ``concurrency`` threads to complete ``runs`` I/O-bound runs, and the
+    working span within them on the database's clock (first step started to last step finished)."""
     app.reset()
     records.create_pending(runs, workflow=io5.name)
     seconds = app.run_workers(dbname, workers, *worker_args(concurrency)).seconds
     counts = app.status_counts()
-    [(attempts, completed)] = app.execute(
-        "SELECT count(*), count(*) FILTER (WHERE status = 'completed') FROM run_step")
+    [(attempts, completed, span)] = app.execute(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'completed'), "
+        "extract(epoch FROM max(finished_at) - min(started_at)) FROM run_step")
     if counts != {"completed": runs} or attempts != completed or completed != runs * IO_STEPS:
         raise RuntimeError(f"{workers} worker(s) left the runs as {counts} with {completed}/{attempts} completed "
                            f"attempts, expected {runs} completed runs and {runs * IO_STEPS} attempts")
-    return seconds
+    return seconds, float(span)
 
 
 def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat: int) -> dict[str, Any]:
     """Figure 9: wall time of durableruns (``workers`` x ``concurrency``) and of DBOS, and the critical path."""
     rounds = ("durableruns", "dbos", "startup")
     seconds: dict[str, list[float]] = {name: [] for name in rounds}
+    spans: list[float] = []
     dbos_threads: set[Any] = set()
     for _, name in rotation(rounds, repeat):
         if name == "dbos":
@@ -54,10 +57,13 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
         elif name == "startup":
             seconds[name].append(app.startup_seconds(dbs.app))
         else:
-            seconds[name].append(one_round(dbs.app, runs=runs, workers=workers, concurrency=concurrency))
+            wall, span = one_round(dbs.app, runs=runs, workers=workers, concurrency=concurrency)
+            seconds[name].append(wall)
+            spans.append(span)
     app.reset()
     startup = seconds.pop("startup")
     seconds["durableruns_net_of_startup"] = [s - up for s, up in zip(seconds["durableruns"], startup)]
+    seconds["durableruns_working_span"] = spans
     summaries = {name: summarize(samples) for name, samples in seconds.items()}
     steps = runs * IO_STEPS
     figures: dict[str, Any] = {
@@ -77,7 +83,8 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
         "dbos_executor_threads": sorted(dbos_threads),
         "durableruns_timing": f"wall time from starting {workers} resume_runs processes until the last exited "
                               "(all completed), interpreter and Django start-up included; net_of_startup "
-                              "subtracts the same round's empty resume_runs process",
+                              "subtracts the same round's empty resume_runs process; working_span is the "
+                              "first step's start to the last step's end on the database's clock",
         "dbos_timing": "one fresh process per round: DBOS launched (untimed), then from the first "
                        "DBOS.start_workflow of all the workflows until every handle's get_result() returned",
     }

@@ -271,9 +271,11 @@ def _io_md(io: dict[str, Any]) -> list[str]:
     p = io["params"]
     critical = io["critical_path_s"]
     rows = [[label, _ms(io[key]["seconds"], 2), _ms(io[key]["steps_per_s"], 0),
-             f"{io[key]['seconds']['median'] / critical:.1f}"]
+             f"{io[key]['seconds']['median'] / critical:.1f}"] if key in io else [label, NOT_RUN, "", ""]
             for label, key in ((f"durableruns, {p['workers']} x resume_runs {p['worker_args']}", "durableruns"),
                                ("durableruns, net of process start-up", "durableruns_net_of_startup"),
+                               ("durableruns, working span (first step started to last step finished)",
+                                "durableruns_working_span"),
                                ("DBOS 3.4, one process, start_workflow for each at once", "dbos"))]
     rows.append(["critical path: one run's 5 calls, nothing else", f"{critical:.2f}", "", "1.0"])
     return table(["", "seconds (p10-p90)", "steps/s", "x critical path"], rows) + [

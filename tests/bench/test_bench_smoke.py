@@ -94,7 +94,7 @@ def test_every_figure_is_written_with_positive_medians(results):
     assert fidelity["same_as_built"] is True and fidelity["record"]["attempts"][-1][2] == "started"
 
     io = figures["io_bound"]
-    for name in ("durableruns", "durableruns_net_of_startup", "dbos"):
+    for name in ("durableruns", "durableruns_net_of_startup", "durableruns_working_span", "dbos"):
         positive(io[name]["seconds"], f"io_bound {name}")
         positive(io[name]["steps_per_s"], f"io_bound {name} steps/s")
     assert io["critical_path_s"] == 0.1 and io["durableruns_over_dbos"]["ratio"] > 0
