@@ -1,9 +1,11 @@
 """DBOS Transact 3.4 on the same PostgreSQL, as the reference durable-execution library.
 
 It measures (a) the per-step cost of a 9-step workflow of no-op ``@DBOS.step()``
-steps run sequentially, and (b) how long DBOS takes to recover and finish
-workflows left PENDING by a SIGKILLed process, so durable runs can be compared
-with an established design on identical hardware.
+steps run sequentially, (b) how long DBOS takes to recover and finish
+workflows left PENDING by a SIGKILLed process, and (c) how long one process
+takes to finish many I/O-bound workflows started at once (5 steps that each
+sleep 20 ms), so durable runs can be compared with an established design on
+identical hardware.
 """
 
 from __future__ import annotations
@@ -98,6 +100,36 @@ class _Workflows:
 
 
 _workflows: Optional[_Workflows] = None
+
+IO_WORKFLOW_NAME = "bench_io5"
+IO_STEPS = 5
+IO_STEP_SECONDS = 0.02  # the same far call as bench.workflows.io5's steps
+IO_STEP_NAMES = [f"bench_io_call_{i}" for i in range(1, IO_STEPS + 1)]
+_io_workflow: Optional[Callable[[], None]] = None
+
+
+def io_workflow() -> Callable[[], None]:
+    """The DBOS-registered 5-step workflow whose steps each wait 20 ms (time.sleep), registered once."""
+    global _io_workflow
+    if _io_workflow is None:
+        from dbos import DBOS
+
+        def make_step(name: str) -> Callable[[], None]:
+            def body() -> None:
+                time.sleep(IO_STEP_SECONDS)
+
+            body.__name__ = body.__qualname__ = name
+            return DBOS.step(name=name)(body)
+
+        steps = [make_step(name) for name in IO_STEP_NAMES]
+
+        def workflow() -> None:
+            for step in steps:
+                step()
+
+        workflow.__name__ = workflow.__qualname__ = IO_WORKFLOW_NAME
+        _io_workflow = DBOS.workflow(name=IO_WORKFLOW_NAME)(workflow)
+    return _io_workflow
 
 
 def workflows() -> _Workflows:
@@ -235,13 +267,37 @@ def _recover_phase(n: int, dbname: str, timeout: float) -> None:
     destroy()
 
 
+def _io_phase(n: int, dbname: str) -> None:
+    """Child process: launch DBOS, start ``n`` I/O-bound workflows at once on its default executor, wait for all."""
+    from dbos import DBOS
+
+    wf = io_workflow()
+    workflows()
+    launch(dbname)
+    t0 = time.perf_counter()
+    handles = [DBOS.start_workflow(wf) for _ in range(n)]
+    t_started = time.perf_counter()
+    for handle in handles:
+        handle.get_result()
+    t_done = time.perf_counter()
+    from dbos._dbos import _get_dbos_instance
+
+    executor = _get_dbos_instance()._executor
+    result = {"total_s": t_done - t0, "start_calls_s": t_started - t0,
+              "executor_threads": getattr(executor, "_max_workers", None)}
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+    destroy()
+
+
 def child_main(argv: list[str]) -> None:
-    """Entry point of the recovery benchmark's child processes: ``crash N DB`` or ``recover N DB [TIMEOUT]``."""
+    """Entry point of the DBOS child processes: ``crash N DB``, ``recover N DB [TIMEOUT]`` or ``io N DB``."""
     phase, n, dbname = argv[0], int(argv[1]), argv[2]
     if phase == "crash":
         _crash_phase(n, dbname)
     elif phase == "recover":
         _recover_phase(n, dbname, timeout=float(argv[3]) if len(argv) > 3 else 600.0)
+    elif phase == "io":
+        _io_phase(n, dbname)
     else:
         raise SystemExit(f"unknown phase {phase!r}")
 
@@ -326,6 +382,32 @@ def measure_recovery(*, workflows_count: int = 1000, timeout: float = 600.0, dbn
         "crash_phase_s": t_blocked - t_crash0,
         "params": {"workflows": n, "steps_per_workflow": STEPS_PER_WORKFLOW, "blocked_after_step": BLOCK_AFTER},
     }
+
+
+def measure_io(*, workflows_count: int, dbname: str, timeout: float = 600.0) -> dict[str, Any]:
+    """Seconds for one fresh DBOS process to finish ``workflows_count`` I/O-bound workflows started at once.
+
+    The system database is recreated first; the child launches DBOS (untimed), then times from its first
+    ``DBOS.start_workflow`` until every handle's ``get_result()`` has returned. Checked afterwards: every
+    workflow SUCCESS with its five steps recorded.
+    """
+    recreate_database(dbname)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    child = subprocess.run(_child_command("io", workflows_count, dbname), cwd=REPO_ROOT, env=env,
+                           stdout=subprocess.PIPE, check=True, text=True, timeout=timeout)
+    lines = [line for line in child.stdout.splitlines() if line.startswith(RESULT_MARKER)]
+    if not lines:
+        raise RuntimeError(f"the DBOS process printed no result: {child.stdout!r}")
+    result: dict[str, Any] = json.loads(lines[-1][len(RESULT_MARKER):])
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM dbos.workflow_status WHERE name = %s AND status = 'SUCCESS'",
+                           (IO_WORKFLOW_NAME,)).fetchone()
+        succeeded = int(row[0]) if row is not None else 0
+        last = _count_after_step(conn, IO_STEP_NAMES[-1])
+    if succeeded != workflows_count or last != workflows_count:
+        raise RuntimeError(f"DBOS finished {succeeded}/{workflows_count} workflows ({last} recorded the last step)")
+    return result
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -25,6 +25,7 @@ class Databases:
     app: str = "dr_bench_app"
     dbos_steps: str = "dbos_bench_sys"
     dbos_recovery: str = "dbos_bench_recovery_sys"
+    dbos_io: str = "dbos_bench_io_sys"
 
     @classmethod
     def named(cls, prefix: str | None) -> Databases:
@@ -32,15 +33,15 @@ class Databases:
         if not prefix:
             return cls()
         return cls(floor=f"{prefix}_floor", app=f"{prefix}_app", dbos_steps=f"{prefix}_dbos_steps",
-                   dbos_recovery=f"{prefix}_dbos_recovery")
+                   dbos_recovery=f"{prefix}_dbos_recovery", dbos_io=f"{prefix}_dbos_io")
 
 
-def conninfo(dbname: str) -> str:
-    return f"host={HOST} port={PORT} user={USER} dbname={dbname}"
+def conninfo(dbname: str, port: int = PORT) -> str:
+    return f"host={HOST} port={port} user={USER} dbname={dbname}"
 
 
-def database_url(dbname: str) -> str:
-    return f"postgresql://{USER}@{HOST}:{PORT}/{dbname}"
+def database_url(dbname: str, port: int = PORT) -> str:
+    return f"postgresql://{USER}@{HOST}:{port}/{dbname}"
 
 
 def ensure_database(dbname: str) -> None:
@@ -58,12 +59,19 @@ def recreate_database(dbname: str) -> None:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
 
 
-def server_settings() -> dict[str, Any]:
+def server_settings(port: int = PORT) -> dict[str, Any]:
     """The server facts a reader needs to judge the figures: version and durability settings."""
     names = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes",
-             "shared_buffers", "max_connections")
-    with psycopg.connect(conninfo("postgres"), autocommit=True) as conn:
+             "shared_buffers", "max_connections", "superuser_reserved_connections")
+    with psycopg.connect(conninfo("postgres", port), autocommit=True) as conn:
         settings = {name: conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0]  # type: ignore[index]
                     for name in names}
         settings["version"] = conn.execute("SELECT version()").fetchone()[0]  # type: ignore[index]
     return settings
+
+
+def connections_in_use(port: int = PORT) -> int:
+    """Backends connected to the server now, every database and every client (other jobs on the machine too)."""
+    with psycopg.connect(conninfo("postgres", port), autocommit=True) as conn:
+        return int(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                                ).fetchone()[0])  # type: ignore[index]

@@ -1,12 +1,13 @@
 """Run the benchmark suite on a local PostgreSQL and write results.json, results.md and PNG charts.
 
     python -m bench.run [--size tiny|full] [--repeat N] [--process-repeat N] [--out bench/results]
-                        [--only engine,throughput,claim_cost,loop_tradeoff,boundary,recovery]
+                        [--only engine,throughput,claim_cost,loop_tradeoff,boundary,recovery,io_bound,scaling,pickup]
                         [--db-prefix PREFIX] [--profile] [--note TEXT]
 
 `--size tiny` checks that everything runs (well under a minute); `--size full` takes the published figures:
 10,000 runs for throughput, 1,000,000 finished runs for the claim cost (generated once, then reused), 1,000
-crashed runs for recovery. The suite owns its databases (durableruns_bench, dr_bench_app and DBOS's
+crashed runs for recovery, 200 I/O-bound runs against DBOS, concurrency 1 to 128 in one process, 100 runs for
+pickup latency. The suite owns its databases (durableruns_bench, dr_bench_app and DBOS's
 dbos_bench_sys / dbos_bench_recovery_sys, or `<prefix>_*` with --db-prefix) and never touches the project's.
 Run it on a quiet machine: the ratios are measured side by side, but the absolute figures follow the load.
 """
@@ -28,7 +29,8 @@ from typing import Any
 from bench import app, report
 from bench.pg import Databases, server_settings
 
-FIGURES = ("engine", "throughput", "claim_cost", "loop_tradeoff", "boundary", "recovery")
+FIGURES = ("engine", "throughput", "claim_cost", "loop_tradeoff", "boundary", "recovery", "io_bound", "scaling",
+           "pickup")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -52,17 +54,24 @@ class Size:
     boundary_attempts: tuple[int, ...]
     boundary_calls: int
     recovery_runs: int
+    io_runs: int  # I/O-bound runs (5 steps of 20 ms) per round, against DBOS
+    io_workers: int
+    io_concurrency: int
+    scaling_levels: tuple[tuple[int, int], ...]  # (--concurrency, runs) for one process
+    pickup_runs: int  # runs started one at a time per round, listening and polling
 
 
 SIZES = {
     "tiny": Size(name="tiny", repeat=3, loop_repeat=2, process_repeat=1, floor_commits=50, engine_runs=5, dbos_workflows=5,
                  throughput_runs=200, claim_levels=(0, 1_000, 10_000), claims=50, loop_items=120,
                  loop_item_seconds=0.0005, batch_sizes=(1, 5, 10, 25, 50, 100), boundary_attempts=(1, 10, 100),
-                 boundary_calls=5, recovery_runs=20),
+                 boundary_calls=5, recovery_runs=20, io_runs=20, io_workers=2, io_concurrency=8,
+                 scaling_levels=((1, 4), (4, 16)), pickup_runs=8),
     "full": Size(name="full", repeat=10, loop_repeat=5, process_repeat=3, floor_commits=200, engine_runs=20, dbos_workflows=20,
                  throughput_runs=10_000, claim_levels=(0, 100_000, 1_000_000), claims=300, loop_items=240,
                  loop_item_seconds=0.005, batch_sizes=(1, 5, 10, 25, 50, 100), boundary_attempts=(1, 10, 100),
-                 boundary_calls=50, recovery_runs=1_000),
+                 boundary_calls=50, recovery_runs=1_000, io_runs=200, io_workers=2, io_concurrency=32,
+                 scaling_levels=((1, 30), (8, 160), (32, 480), (128, 960)), pickup_runs=100),
 }
 
 
@@ -73,7 +82,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="rounds of the in-process figures (default: tiny 3, full 10; the loop trade-off "
                              "2 and 5)")
     parser.add_argument("--process-repeat", type=int, default=None,
-                        help="rounds of throughput and recovery, which start processes (default: tiny 1, full 3)")
+                        help="rounds of the figures that start processes: throughput, recovery, io_bound, "
+                             "scaling, pickup (default: tiny 1, full 3)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/results)")
     parser.add_argument("--only", default=",".join(FIGURES),
                         help=f"comma-separated figures to run (default all: {','.join(FIGURES)})")
@@ -128,7 +138,8 @@ def run(size: Size, *, out: Path, only: tuple[str, ...], dbs: Databases, profile
     }
     app.configure(dbs.app)
     # The figure modules use durableruns' models, so they are imported once Django is set up.
-    from bench import boundary_cost, claim_cost, engine_cost, loop_tradeoff, recovery, throughput
+    from bench import (boundary_cost, claim_cost, engine_cost, io_bound, loop_tradeoff, pickup, recovery, scaling,
+                       throughput)
 
     steps = {
         "engine": lambda: engine_cost.measure(dbs=dbs, repeat=size.repeat, runs=size.engine_runs,
@@ -140,6 +151,10 @@ def run(size: Size, *, out: Path, only: tuple[str, ...], dbs: Databases, profile
         "boundary": lambda: boundary_cost.measure(attempts=size.boundary_attempts, calls=size.boundary_calls,
                                                   repeat=size.repeat),
         "recovery": lambda: recovery.measure(dbs=dbs, runs=size.recovery_runs, repeat=size.process_repeat),
+        "io_bound": lambda: io_bound.measure(dbs=dbs, runs=size.io_runs, workers=size.io_workers,
+                                             concurrency=size.io_concurrency, repeat=size.process_repeat),
+        "scaling": lambda: scaling.measure(dbs=dbs, levels=size.scaling_levels, repeat=size.process_repeat),
+        "pickup": lambda: pickup.measure(dbs=dbs, runs=size.pickup_runs, repeat=size.process_repeat),
     }
     figures: dict[str, Any] = {}
     seconds: dict[str, float] = {}

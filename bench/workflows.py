@@ -1,4 +1,5 @@
-"""Workflows that exist only for the benchmarks: nine no-op steps, and one step that loops at a real cost.
+"""Workflows that exist only for the benchmarks: nine no-op steps, five steps that each wait on a far call, and
+one step that loops at a real cost.
 
 The runner registers them in its own process; the `manage.py resume_runs` workers it starts import this
 module through DURABLERUNS_WORKFLOW_MODULES=bench.workflows, so both sides see the same plan fingerprint.
@@ -30,6 +31,24 @@ for _index in range(1, NOOP_STEPS + 1):
 
 STEP_NAMES: tuple[str, ...] = noop9.plan
 IN_DOUBT_STEP = STEP_NAMES[4]  # the recovery benchmark's runs die in step 5, after four completed steps
+
+# Real-shaped work: each step waits 20 ms, as a call to a far system would, and does nothing else. The thread
+# sleeps (time.sleep releases the GIL), so a process can have many of these calls in flight at once.
+IO_STEPS = 5
+IO_STEP_SECONDS = 0.02
+io5 = Workflow("bench_io5")
+
+
+def _far_call_step(name: str) -> Any:
+    def step(ctx: Any) -> None:
+        time.sleep(IO_STEP_SECONDS)
+
+    step.__name__ = step.__qualname__ = name
+    return step
+
+
+for _index in range(1, IO_STEPS + 1):
+    io5.step(policy="re_executable")(_far_call_step(f"call_{_index}"))
 
 
 @dataclass

@@ -62,6 +62,14 @@ def stuck_margin() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_STUCK_MARGIN_SECONDS", 60.0)))
 
 
+def listen() -> bool:
+    """Whether an idle --loop worker on PostgreSQL listens for notifications (LISTEN/NOTIFY) to pick new work up
+    at once; DURABLERUNS_LISTEN, true by default. Off, it polls every --interval (and wakes at the next wake time),
+    as it does while its listening connection is lost: for a site whose pooler cannot hold a LISTEN, and for the
+    benchmarks' degraded figure."""
+    return bool(getattr(settings, "DURABLERUNS_LISTEN", True))
+
+
 def default_timeout() -> timedelta:
     """The longest a step's far call may stay open when the step declares no timeout."""
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_DEFAULT_TIMEOUT_SECONDS", 30.0)))

@@ -132,8 +132,9 @@ def resume_due(
     be reached stops the pass (raised to the caller): nothing is half recorded, since every fact is its own
     transaction, and the next pass picks up from the record.
 
-    With a `waker` and `listen` on PostgreSQL, idle threads are woken by notifications (a new run, a decision)
-    and by a timer for the next wake time or lease expiry, polling every `idle_seconds` as the safety net;
+    With a `waker` and `listen` on PostgreSQL (and DURABLERUNS_LISTEN, on by default), idle threads are woken by
+    notifications (a new run, a decision) and by a timer for the next wake time or lease expiry, polling every
+    `idle_seconds` as the safety net;
     `on_start` is told how the process picks work up.
 
     `on_claim(seconds)`, if given, hears how long each claim took (a worker's metrics); without it nothing is
@@ -142,7 +143,8 @@ def resume_due(
     clock = clock or store.DATABASE
     report = PassReport()
     began = time.monotonic()
-    listener = Listener(waker).start() if waker is not None and listen and on_postgresql() else None
+    listening = listen and conf.listen() and on_postgresql()
+    listener = Listener(waker).start() if waker is not None and listening else None
     if on_start is not None:
         pickup = f"polling every {idle_seconds:g}s"
         if listener is not None:

@@ -1,7 +1,7 @@
 """The benchmark suite runs end to end at its tiny size and writes every figure; no timing is asserted.
 
-It runs `python -m bench.run --size tiny` as a separate process on its own databases (prefix dr_bench_smoke,
-never the database under test), into a temporary directory.
+It runs `python -m bench.run --size tiny` (every figure, the I/O-bound, scaling and pickup ones too) as a separate
+process on its own databases (prefix dr_bench_smoke, never the database under test), into a temporary directory.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.postgres
 
-CHARTS = ("per_step", "throughput", "claim_cost", "loop_tradeoff", "recovery")
+CHARTS = ("per_step", "throughput", "claim_cost", "loop_tradeoff", "recovery", "io_bound", "scaling")
 
 
 def positive(summary: dict[str, Any], what: str) -> None:
@@ -93,10 +93,35 @@ def test_every_figure_is_written_with_positive_medians(results):
     fidelity = recovery["crash_fidelity"]
     assert fidelity["same_as_built"] is True and fidelity["record"]["attempts"][-1][2] == "started"
 
+    io = figures["io_bound"]
+    for name in ("durableruns", "durableruns_net_of_startup", "durableruns_working_span", "dbos"):
+        positive(io[name]["seconds"], f"io_bound {name}")
+        positive(io[name]["steps_per_s"], f"io_bound {name} steps/s")
+    assert io["critical_path_s"] == 0.1 and io["durableruns_over_dbos"]["ratio"] > 0
+    assert io["params"]["worker_args"].startswith("--once --concurrency ")
+
+    scaling = figures["scaling"]
+    levels = scaling["levels"]
+    assert list(levels) == ["1", "4"]
+    for n, level in levels.items():
+        for name in ("steps_per_s", "span_s", "wall_s", "cpu_s", "peak_rss_mb"):
+            positive(level[name], f"scaling at {n}: {name}")
+        # N threads and the heartbeat, never more; the sampler saw the worker connected.
+        assert 1 <= level["max_connections"] <= int(n) + 1
+        assert 0 <= level["lock_wait_share"]["median"] <= 1 and 0 <= level["machine_cpu_busy"]["median"] <= 1
+        assert level["limited_by"]
+
+    pickup = figures["pickup"]
+    assert "listening on durableruns_due" in pickup["listening"]["worker_says"]
+    assert "listening" not in pickup["polling"]["worker_says"]
+    for mode in ("listening", "polling"):
+        assert pickup[mode]["latency_ms"]["n"] == 8
+        assert pickup[mode]["p50_ms"] <= pickup[mode]["p90_ms"] <= pickup[mode]["p99_ms"] <= pickup[mode]["max_ms"]
+
 
 def test_the_report_states_targets_and_machine(results):
     data, _ = results
-    assert len(data["targets"]) == 6
+    assert len(data["targets"]) == 9
     assert {t["verdict"] for t in data["targets"]} <= {"PASS", "MISS"}
     meta = data["meta"]
     assert meta["size"] == "tiny" and meta["nproc"] >= 1
