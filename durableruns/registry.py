@@ -1,13 +1,12 @@
 """Workflows and their steps as declared in Python, and the registry that finds them by name. No database.
 
 A workflow's plan is its steps in declaration order; its fingerprint (ordered names and policies) is recorded
-with each run so that a resume under a changed plan stops instead of skipping or reordering steps.
+with each run, and the plan itself once per fingerprint (durableruns.plans): a run follows the plan it started
+under, and a deploy supplies the functions of its steps by name.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from durableruns.errors import DeclarationError, Rejected, UnknownWorkflow
+from durableruns.plans import Plan, PlanSteps, fingerprint_of
 from durableruns.policies import Policy
 
 if TYPE_CHECKING:
@@ -138,10 +138,24 @@ class Workflow:
         return tuple(s.name for s in self.steps)
 
     @property
+    def plan_steps(self) -> PlanSteps:
+        """The plan as a run records it: (step name, policy), in order."""
+        return tuple((s.name, s.policy.value) for s in self.steps)
+
+    @property
     def fingerprint(self) -> str:
-        """Hash the ordered step names and policies: what a run's record must still match to resume."""
-        shape = [[s.name, s.policy.value] for s in self.steps]
-        return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
+        """Hash the ordered step names and policies: the plan a run started now records (durableruns.plans)."""
+        return fingerprint_of(self.plan_steps)
+
+    def as_plan(self) -> Plan:
+        return Plan(fingerprint=self.fingerprint, workflow=self.name, steps=self.plan_steps)
+
+    def policies(self) -> dict[str, str]:
+        """This deploy's step name -> policy: what it can run of a recorded plan (plans.lacking)."""
+        return {s.name: s.policy.value for s in self.steps}
+
+    def get(self, name: str) -> Step | None:
+        return self._by_name.get(name)
 
     def describe(self) -> str:
         return ", ".join(f"{s.name} ({s.policy.value})" for s in self.steps)

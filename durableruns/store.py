@@ -20,7 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections,
 from django.db.models import F
 
 from durableruns import pgsql
-from durableruns.boundary import StepAttempt
+from durableruns.boundary import StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.errors import (
     AlreadyDecided,
@@ -29,17 +29,20 @@ from durableruns.errors import (
     ResultNotJSON,
     RunNotActionable,
     RunNotFound,
+    UnknownWorkflow,
 )
 from durableruns.models import (
     Escalation,
     Intervention,
     Resolution,
+    RunPlan,
     RunState,
     RunStatus,
     RunStep,
     StepStatus,
 )
-from durableruns.registry import FirstSteps
+from durableruns.plans import Plan, attempted_in_order, check_fit
+from durableruns.registry import FirstSteps, get_workflow
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,9 +211,60 @@ def _intent_params(intent: Intent) -> dict[str, Any]:
             "i_loop": intent.loop_cursor, "i_progress": progress}
 
 
+# -- plans -----------------------------------------------------------------------------------------------------
+
+# The fingerprints this process knows are recorded (so a start costs one statement, not two), and the plans it
+# has read (a recorded plan never changes). Forgotten when the tables are flushed (apps.py, post_migrate).
+_recorded: set[str] = set()
+_read: dict[str, Plan] = {}
+
+
+def forget_plans(**kwargs: Any) -> None:
+    """Forget which plans are recorded: the tables were emptied (a flush emits post_migrate)."""
+    _recorded.clear()
+    _read.clear()
+
+
+def record_plan(plan: Plan, *, clock: Clock = DATABASE) -> None:
+    """Record `plan` under its fingerprint unless this process knows it is recorded: INSERT ... ON CONFLICT DO
+    NOTHING, so any number of processes may race to record the same plan. Inside a transaction it joins it, and
+    the process remembers it only once that commits (a rolled-back start leaves no plan behind)."""
+    if plan.fingerprint in _recorded:
+        return
+    RunPlan.objects.bulk_create(
+        [RunPlan(fingerprint=plan.fingerprint, workflow=plan.workflow, steps=[list(s) for s in plan.steps],
+                 first_seen=clock.expression())],
+        ignore_conflicts=True)
+    if connection.in_atomic_block:
+        transaction.on_commit(lambda: _recorded.add(plan.fingerprint))
+    else:
+        _recorded.add(plan.fingerprint)
+
+
+def plan_of(workflow: str, fingerprint: str) -> Plan | None:
+    """The plan a run of `workflow` started under (by its recorded fingerprint), or None if it is not recorded.
+
+    This deploy's own plan of the workflow is the same plan when the fingerprints agree (the fingerprint is the
+    hash of the steps), so that case costs no query; any other is read once per process."""
+    try:
+        current = get_workflow(workflow)
+    except UnknownWorkflow:
+        current = None
+    if current is not None and current.fingerprint == fingerprint:
+        return current.as_plan()
+    plan = _read.get(fingerprint)
+    if plan is None:
+        row = RunPlan.objects.filter(pk=fingerprint).first()
+        if row is None:
+            return None
+        plan = _read[fingerprint] = row.to_plan()
+    return plan
+
+
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any],
-               clock: Clock = DATABASE) -> None:
-    """Record a pending run, created at the database's now; a worker picks it up.
+               clock: Clock = DATABASE, plan: Plan | None = None) -> None:
+    """Record a pending run, created at the database's now; a worker picks it up. `plan`, the run's plan, is
+    recorded with it the first time this process starts a run of that fingerprint.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
@@ -221,9 +275,14 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
     try:
         if connection.in_atomic_block:
             with transaction.atomic():
+                if plan is not None:
+                    record_plan(plan, clock=clock)
                 RunState.objects.create(**fields)
                 _wake_workers()  # on the caller's commit: a run rolled back wakes nobody
-        elif _fast():
+            return
+        if plan is not None:
+            record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
+        if _fast():
             pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
                              input=to_json(input, what="the input"))
         else:
@@ -562,3 +621,66 @@ def record_staff_action(
             except IntegrityError:
                 pass
         return Intervention.objects.create(**fields)
+
+
+def adopt_plan(
+    run_id: str,
+    *,
+    plan: Plan,
+    allowed_from: tuple[str, ...],
+    decided_by: str,
+    user_id: int | None,
+    note: str,
+    clock: Clock = DATABASE,
+) -> Intervention:
+    """Move a run to `plan` on purpose: the fit check, the new fingerprint and the staff act in one commit.
+
+    The fit is checked on the record as it is under the run's row lock (a run not held by any worker, by
+    `allowed_from`), so no attempt can be added between the check and the move. The epoch bump fences whoever
+    held it before; the run is pending, and the next pass follows `plan`.
+    """
+    with transaction.atomic(durable=True):
+        now = clock.now()
+        run = RunState.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise RunNotFound(run_id=run_id)
+        if run.status not in allowed_from:
+            raise RunNotActionable(f"cannot adopt_plan for a run that is {run.status}", run_id=run_id,
+                                   status=run.status)
+        if run.plan_fingerprint == plan.fingerprint:
+            raise RunNotActionable(f"the run follows plan {plan.fingerprint} already", run_id=run_id,
+                                   status=run.status)
+        old = plan_of(run.workflow, run.plan_fingerprint)
+        attempts = [row.to_attempt() for row in RunStep.objects.of_run(run_id)]
+        check_fit(run_id, attempted=attempted_in_order(old, [(a.step, a.started_at) for a in attempts]),
+                  policies=dict(old.steps) if old else None, new=plan.steps, new_fingerprint=plan.fingerprint)
+        record_plan(plan, clock=clock)
+        remainder = compute_boundary(plan.names, attempts).remainder
+        RunState.objects.filter(pk=run_id).update(
+            plan_fingerprint=plan.fingerprint, status=RunStatus.PENDING, epoch=F("epoch") + 1, wake_at=None,
+            lease_expires_at=None, updated_at=now,
+            cursor=plan.names.index(remainder[0]) if remainder else len(plan.names),
+            reason=storable(f"adopt_plan by {decided_by}: {note} (plan {run.plan_fingerprint} -> {plan.fingerprint})"),
+        )
+        _wake_workers()
+        return Intervention.objects.create(
+            run_id=run_id, action=Intervention.Action.ADOPT_PLAN, decided_by=decided_by, user_id=user_id,
+            decided_at=now, note=note,
+            result={"from_plan": run.plan_fingerprint, "to_plan": plan.fingerprint,
+                    "from_steps": [list(s) for s in old.steps] if old else None,
+                    "to_steps": [list(s) for s in plan.steps]},
+        )
+
+
+def reopen_runs(run_ids: list[str], *, reason: str, clock: Clock = DATABASE) -> int:
+    """Make runs stopped for lacking steps workable again (pending), those still stopped for that reason only;
+    the epoch bump fences nobody (no worker holds a stopped run) but keeps every change of hands counted."""
+    if not run_ids:
+        return 0
+    with transaction.atomic(durable=True):
+        moved = RunState.objects.filter(pk__in=run_ids).stopped_lacking_steps().update(
+            status=RunStatus.PENDING, epoch=F("epoch") + 1, wake_at=None, reason=storable(reason),
+            updated_at=clock.expression())
+        if moved:
+            _wake_workers()
+        return moved

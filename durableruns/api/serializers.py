@@ -16,9 +16,8 @@ from rest_framework import serializers
 
 from durableruns import services
 from durableruns.boundary import Boundary, Zone
-from durableruns.errors import UnknownWorkflow
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
-from durableruns.registry import get_workflow, workflows
+from durableruns.registry import workflows
 
 OUTCOMES = [
     (Intervention.Action.HAPPENED.value, Intervention.Action.HAPPENED.label),
@@ -270,10 +269,8 @@ class EscalationSerializer(serializers.ModelSerializer):
         return _sentence(self, escalation.run)
 
     def get_doc(self, escalation: Escalation) -> str:
-        try:
-            return get_workflow(escalation.run.workflow)[escalation.step].doc
-        except (UnknownWorkflow, KeyError):
-            return ""  # a workflow or step this deploy no longer declares
+        # this deploy's docstring of the step, where it declares it as the run's plan does; else ""
+        return services.step_doc(escalation.run, escalation.step)
 
     @extend_schema_field(DecisionSerializer(allow_null=True))
     def get_decision(self, escalation: Escalation) -> dict[str, Any] | None:
@@ -378,3 +375,5 @@ class ConflictSerializer(ErrorSerializer):
     decided_at = serializers.DateTimeField(required=False)
     run_id = serializers.CharField(required=False)
     status = serializers.CharField(required=False)
+    step = serializers.CharField(required=False, help_text="plan_mismatch: the step that does not fit.")
+    plan = serializers.CharField(required=False, help_text="plan_mismatch: the plan the run could not adopt.")
