@@ -635,8 +635,9 @@ def adopt_plan(
 ) -> Intervention:
     """Move a run to `plan` on purpose: the fit check, the new fingerprint and the staff act in one commit.
 
-    The fit is checked on the record as it is under the run's row lock (a run not held by any worker, by
-    `allowed_from`), so no attempt can be added between the check and the move. The epoch bump fences whoever
+    The fit is checked on the record as it is under the run's row lock, of a run no worker holds (its status in
+    `allowed_from`, or running under a lease that ran out), so no attempt can be added between the check and the
+    move. The epoch bump fences whoever
     held it before; the run is pending, and the next pass follows `plan`.
     """
     with transaction.atomic(durable=True):
@@ -644,8 +645,12 @@ def adopt_plan(
         run = RunState.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
             raise RunNotFound(run_id=run_id)
-        if run.status not in allowed_from:
-            raise RunNotActionable(f"cannot adopt_plan for a run that is {run.status}", run_id=run_id,
+        # A run whose worker died (running, its lease run out) is held by nobody, as a waiting one is.
+        abandoned = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)
+        if run.status not in allowed_from and not abandoned:
+            raise RunNotActionable(f"cannot adopt_plan for a run that is {run.status} (held by {run.owner})"
+                                   if run.status == RunStatus.RUNNING else
+                                   f"cannot adopt_plan for a run that is {run.status}", run_id=run_id,
                                    status=run.status)
         if run.plan_fingerprint == plan.fingerprint:
             raise RunNotActionable(f"the run follows plan {plan.fingerprint} already", run_id=run_id,
