@@ -179,13 +179,13 @@ class Engine:
         attempts = load_attempts(lease.run_id) if claimed.attempts is None else claimed.attempts
         boundary = compute_boundary(plan.names if plan else (), attempts)  # once, before any step runs
         if plan is None:
-            return self._leave(claimed, None, ())
+            return self._leave(claimed, None, (), workflow_missing=workflow is None)
         if workflow is not None and workflow.fingerprint == plan.fingerprint:
             missing: tuple[str, ...] = ()  # this deploy's own plan: the hot path
         else:
             missing = plans.lacking(plan, workflow.policies() if workflow else None, boundary.remainder)
         if missing:
-            return self._leave(claimed, plan, missing)
+            return self._leave(claimed, plan, missing, workflow_missing=workflow is None)
         if workflow is None:  # every step done already: nothing of this deploy's is needed
             return self._release(lease, RunStatus.COMPLETED, "")
         store.record_plan(plan, clock=self.clock)  # a no-op once this process knows it is recorded
@@ -426,7 +426,8 @@ class Engine:
             return None, True
         return Outcome(decision.action), False
 
-    def _leave(self, claimed: Claimed, plan: Plan | None, missing: tuple[str, ...]) -> RunOutcome:
+    def _leave(self, claimed: Claimed, plan: Plan | None, missing: tuple[str, ...], *, workflow_missing: bool
+               ) -> RunOutcome:
         """This deploy lacks steps the run still needs (or its whole plan): leave the run, with no attempt and
         nothing counted, for a worker whose deploy has them, and once the grace period has passed since a worker
         first found it so (the database's clock), stop it for staff."""
@@ -436,11 +437,13 @@ class Engine:
         since = plans.lacking_since(reason) or now
         grace = conf.missing_step_grace()
         wake_at = plans.after_lacking(since=since, now=now, grace=grace, retry=conf.missing_step_retry())
+        workflow = claimed.workflow if workflow_missing else None
         if wake_at is None:
             return self._release(lease, RunStatus.NEEDS_DECISION, plans.stopped_reason(
-                fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, grace=grace))
+                fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, grace=grace, workflow=workflow))
         return self._release(lease, RunStatus.WAITING, plans.waiting_reason(
-            fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, since=since), wake_at=wake_at)
+            fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, since=since, workflow=workflow),
+            wake_at=wake_at)
 
     def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
         store.release(lease, status=status, clock=self.clock, wake_at=wake_at, reason=reason)

@@ -63,22 +63,29 @@ STOPPED_MARK = "stopped for staff: this deploy lacks "
 _SINCE = re.compile(r"\(lacking since (\S+)\)$")
 
 
-def _what(fingerprint: str, plan: Plan | None, missing: Sequence[str]) -> str:
+def _what(fingerprint: str, plan: Plan | None, missing: Sequence[str], workflow: str | None) -> str:
     if plan is None:
         return f"the run's plan {fingerprint} (not recorded, and not this deploy's)"
+    if workflow is not None:
+        return f"workflow {workflow!r} (the run's plan {fingerprint}: {plan.describe()})"
     return f"{', '.join(missing)} of the run's plan {fingerprint} ({plan.describe()})"
 
 
-def waiting_reason(*, fingerprint: str, plan: Plan | None, missing: Sequence[str], since: datetime) -> str:
-    """The reason of a run left for a worker whose deploy has its steps; carries when it was first seen lacking."""
-    return f"{WAITING_MARK}{_what(fingerprint, plan, missing)} (lacking since {since.isoformat()})"
+def waiting_reason(
+    *, fingerprint: str, plan: Plan | None, missing: Sequence[str], since: datetime, workflow: str | None = None
+) -> str:
+    """The reason of a run left for a worker whose deploy has its steps (or, naming `workflow`, the workflow this
+    deploy lacks altogether); it carries when the run was first seen lacking them."""
+    return f"{WAITING_MARK}{_what(fingerprint, plan, missing, workflow)} (lacking since {since.isoformat()})"
 
 
-def stopped_reason(*, fingerprint: str, plan: Plan | None, missing: Sequence[str], grace: timedelta) -> str:
+def stopped_reason(
+    *, fingerprint: str, plan: Plan | None, missing: Sequence[str], grace: timedelta, workflow: str | None = None
+) -> str:
     """The reason of a run stopped after the grace period: what is missing, and what staff can do."""
     return (
-        f"{STOPPED_MARK}{_what(fingerprint, plan, missing)}, for more than {_seconds(grace)}: deploy them "
-        f"again (the next resume_runs of that deploy works the run), adopt the current plan, or cancel"
+        f"{STOPPED_MARK}{_what(fingerprint, plan, missing, workflow)}, for more than {_seconds(grace)}: deploy "
+        f"it again (the next resume_runs of that deploy works the run), adopt the current plan, or cancel"
     )
 
 

@@ -206,6 +206,9 @@ def _would(run: RunState, b: Boundary) -> str:
     if missing is None:
         return (f"leave it for a deploy that has its plan {run.plan_fingerprint} (not recorded, and not this "
                 f"deploy's), then stop it for staff after the grace period")
+    if missing and run.workflow not in workflows():
+        return (f"leave it for a deploy that has workflow {run.workflow!r}, then stop it for staff after the "
+                f"grace period")
     if missing:
         return (f"leave it for a deploy that has {', '.join(missing)} (this deploy lacks them, or declares "
                 f"them with another policy), then stop it for staff after the grace period")
