@@ -312,7 +312,9 @@ class PlanStepSerializer(serializers.Serializer):
     zone = serializers.ChoiceField(choices=[(z.value, z.value) for z in Zone])
     since = serializers.DateTimeField(allow_null=True, help_text="For an in-doubt step: when its intent was recorded.")
     attempt = serializers.IntegerField(allow_null=True, help_text="The latest attempt's number, if any.")
-    policy = serializers.CharField(allow_null=True, help_text="The step's in-doubt policy, if the step is declared.")
+    policy = serializers.CharField(
+        allow_null=True, help_text="The step's in-doubt policy in the run's own plan (null if it is not recorded)."
+    )
 
 
 class BoundarySerializer(serializers.Serializer):
@@ -321,6 +323,9 @@ class BoundarySerializer(serializers.Serializer):
     in_doubt = serializers.ListField(child=serializers.CharField())
     failed = serializers.ListField(child=serializers.CharField())
     remainder = serializers.ListField(child=serializers.CharField(), help_text="Every step not done, in plan order.")
+    plan_known = serializers.BooleanField(
+        help_text="False when the run's own plan is not recorded: `plan` is then the steps in the order attempted."
+    )
 
 
 class RunDetailSerializer(RunSerializer):
@@ -333,7 +338,16 @@ class RunDetailSerializer(RunSerializer):
     input = JSONObjectField(read_only=True)
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "epoch", "input", "boundary", "escalations", "interventions", "attempts"]
+        fields = [
+            *RunSerializer.Meta.fields,
+            "plan_fingerprint",
+            "epoch",
+            "input",
+            "boundary",
+            "escalations",
+            "interventions",
+            "attempts",
+        ]
         read_only_fields = fields
 
     @extend_schema_field(BoundarySerializer)
@@ -354,7 +368,14 @@ class RunDetailSerializer(RunSerializer):
                 }
             )
         return BoundarySerializer(
-            {"plan": plan, "done": b.done, "in_doubt": b.in_doubt, "failed": b.failed, "remainder": b.remainder}
+            {
+                "plan": plan,
+                "done": b.done,
+                "in_doubt": b.in_doubt,
+                "failed": b.failed,
+                "remainder": b.remainder,
+                "plan_known": b.plan_known,
+            }
         ).data
 
 
