@@ -140,15 +140,23 @@ class Workflow:
     @property
     def plan_steps(self) -> PlanSteps:
         """The plan as a run records it: (step name, policy), in order."""
-        return tuple((s.name, s.policy.value) for s in self.steps)
+        return self.as_plan().steps
 
     @property
     def fingerprint(self) -> str:
         """Hash the ordered step names and policies: the plan a run started now records (durableruns.plans)."""
-        return fingerprint_of(self.plan_steps)
+        return self.as_plan().fingerprint
 
     def as_plan(self) -> Plan:
-        return Plan(fingerprint=self.fingerprint, workflow=self.name, steps=self.plan_steps)
+        """This deploy's plan of the workflow; computed again only after a step is declared (steps are only ever
+        appended), since every start and every claim asks for it."""
+        cached = self.__dict__.get("_plan")
+        if cached is None or cached[0] != len(self.steps):
+            steps = tuple((s.name, s.policy.value) for s in self.steps)
+            cached = self.__dict__["_plan"] = (len(self.steps), Plan(
+                fingerprint=fingerprint_of(steps), workflow=self.name, steps=steps))
+        plan: Plan = cached[1]
+        return plan
 
     def policies(self) -> dict[str, str]:
         """This deploy's step name -> policy: what it can run of a recorded plan (plans.lacking)."""
