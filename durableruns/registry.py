@@ -196,6 +196,11 @@ def first_steps() -> FirstSteps:
     return _first_steps[1]
 
 
+def generation() -> int:
+    """How many declarations the registry has seen: what this process's code is, for caches derived from it."""
+    return _changes
+
+
 def _declaring_module(workflow: Workflow) -> str:
     """The module whose code declares `workflow`: the first caller outside its constructors (a subclass's
     __init__ included), by the frames' globals; '<unknown>' for code run without a module name."""

@@ -152,7 +152,6 @@ def resume_due(
     `on_start` is told how the process picks work up.
     """
     clock = clock or store.DATABASE
-    reopen_runnable()  # runs stopped because a deploy lacked their steps, where this one has them
     report = PassReport()
     began = time.monotonic()
     listener = Listener(waker).start() if waker is not None and listen and on_postgresql() else None
@@ -359,12 +358,9 @@ def adopt_plan(run_id: str, *, by: Any, note: str) -> Intervention:
 
 def reopen_runnable() -> int:
     """Make workable again the runs stopped for staff because a deploy lacked steps of their plan, where this
-    deploy has every step they still need: the deploy that has them came back. Returns how many."""
-    ready = []
-    for run in RunState.objects.filter(workflow__in=list(workflows())).stopped_lacking_steps().with_attempts():
-        if lacking_of(run, boundary_of(run)) == ():
-            ready.append(run.run_id)
-    return store.reopen_runs(ready, reason="this deploy has the steps of the run's plan again")
+    deploy has every step they still need: the deploy that has them came back. Returns how many. A worker does
+    this itself, once per process, the first time it finds nothing due (store.claim)."""
+    return store.reopen_runnable()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,8 +41,8 @@ from durableruns.models import (
     RunStep,
     StepStatus,
 )
-from durableruns.plans import Plan, attempted_in_order, check_fit
-from durableruns.registry import FirstSteps, get_workflow
+from durableruns.plans import Plan, attempted_in_order, check_fit, lacking
+from durableruns.registry import FirstSteps, generation, get_workflow, workflows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,6 +295,49 @@ def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: 
           first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None
           ) -> Claimed | None:
     """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch.
+
+    The first time this process (this deploy) finds nothing due, it first makes workable again the runs stopped
+    for lacking steps this deploy has (reopen_runnable), and looks once more: a deploy that has the steps came
+    back, and its first idle moment, not its first claim, pays for the look.
+    """
+    taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id, first_steps=first_steps,
+                   before_first_intent=before_first_intent)
+    if taken is None and run_id is None and _reopen_once(clock):
+        taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=None, first_steps=first_steps,
+                       before_first_intent=before_first_intent)
+    return taken
+
+
+_reopened_for: int | None = None  # the registry generation (this process's deploy) that last looked
+
+
+def _reopen_once(clock: Clock) -> int:
+    global _reopened_for
+    if _reopened_for == generation():
+        return 0
+    _reopened_for = generation()
+    return reopen_runnable(clock=clock)
+
+
+def reopen_runnable(*, clock: Clock = DATABASE) -> int:
+    """Make pending again the runs stopped for staff because a deploy lacked steps of their plan, where this
+    deploy has every step they still need; return how many."""
+    ready = []
+    stopped = (RunState.objects.filter(workflow__in=list(workflows())).stopped_lacking_steps()
+               .only("run_id", "workflow", "plan_fingerprint").with_attempts())
+    for run in stopped:
+        plan = plan_of(run.workflow, run.plan_fingerprint)
+        if plan is None:
+            continue
+        remainder = compute_boundary(plan.names, [a.to_attempt() for a in run.attempts.all()]).remainder
+        if not lacking(plan, get_workflow(run.workflow).policies(), remainder):
+            ready.append(run.run_id)
+    return reopen_runs(ready, reason="this deploy has the steps of the run's plan again", clock=clock)
+
+
+def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None, first_steps: FirstSteps,
+           before_first_intent: Callable[[str], None] | None) -> Claimed | None:
+    """One claim, as `claim` describes it.
 
     On PostgreSQL, when it takes the oldest due run, a fresh run whose (workflow, plan fingerprint) is in
     `first_steps` also gets the intent of the named first step in the claim's commit (Claimed.first_intent), as
