@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from durableruns.boundary import Boundary
     from durableruns.models import Intervention
 
-__all__ = ["Workflow", "Rejected", "start", "boundary", "decide", "errors"]
+__all__ = ["Workflow", "Rejected", "start", "boundary", "decide", "adopt_plan", "errors"]
 
 __version__ = "0.2.0"
 
@@ -40,3 +40,11 @@ def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: 
     from durableruns import services
 
     return services.decide(run_id, step, outcome, by=by, note=note, result=result)
+
+
+def adopt_plan(run_id: str, *, by: Any, note: str) -> Intervention:
+    """Move a run to this deploy's plan of its workflow, where its record fits (else errors.PlanMismatch, naming
+    the step); recorded with who, when, why, and from which plan to which."""
+    from durableruns import services
+
+    return services.adopt_plan(run_id, by=by, note=note)

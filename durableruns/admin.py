@@ -35,7 +35,7 @@ from django.utils.timesince import timesince
 from durableruns import services
 from durableruns.boundary import Boundary, StepAttempt, Zone
 from durableruns.errors import AlreadyDecided, DurableRunsError
-from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
+from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunStatus, RunStep, StepStatus
 from durableruns.policies import Outcome
 from durableruns.querysets import EscalationQuerySet, RunStateQuerySet
 
@@ -298,19 +298,41 @@ class ReadOnlyRecord(admin.ModelAdmin):
         return False
 
 
+class PlanFilter(admin.SimpleListFilter):
+    """Runs by the plan they follow, each plan with how many unfinished runs it still has: what a deploy must keep
+    the steps of until they drain. Plans with none left are not listed."""
+
+    title = "plan (unfinished runs)"
+    parameter_name = "plan"
+    UNRECORDED = "unrecorded"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        plans = RunPlan.objects.in_flight().order_by("workflow", "-first_seen")
+        return [*((p.fingerprint, f"{p.workflow} {p.fingerprint} ({p.active_runs} unfinished)") for p in plans),
+                (self.UNRECORDED, "not recorded")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if value == self.UNRECORDED:
+            return cast(RunStateQuerySet, queryset).with_unrecorded_plan()
+        if value:
+            return cast(RunStateQuerySet, queryset).of_plan(value)
+        return queryset
+
+
 @admin.register(RunState)
 class RunStateAdmin(ReadOnlyRecord):
     """Runs, newest first, each with the sentence that says where it stands; read-only, two confirmed actions."""
 
     list_display = ("run_id", "workflow", "status_badge", "where_it_stands", "owner", "lease_expires_at", "age",
                     "wake_at")
-    list_filter = ("status", "workflow")
+    list_filter = ("status", "workflow", PlanFilter)
     search_fields = ("run_id",)
     search_help_text = "A run id (or part of one), or an exact effect key such as <run id>:charge."
     ordering = ("-created_at",)
     list_per_page = 100
     show_full_result_count = False  # run_state grows without bound: one COUNT per page is enough
-    actions = ("cancel_runs", "retry_runs")
+    actions = ("cancel_runs", "retry_runs", "adopt_plan_runs")
     change_list_template = "durableruns/admin/run_change_list.html"
     change_form_template = "durableruns/admin/run_change_form.html"
     fieldsets = (
@@ -322,7 +344,11 @@ class RunStateAdmin(ReadOnlyRecord):
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may act on runs (cancel, retry, decide their escalations) must be able to see them.
         return (super().has_view_permission(request, obj) or self.has_cancel_permission(request)
-                or self.has_retry_permission(request) or request.user.has_perm("durableruns.decide_escalation"))
+                or self.has_retry_permission(request) or request.user.has_perm("durableruns.decide_escalation")
+                or self.has_adopt_plan_permission(request))
+
+    def has_adopt_plan_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durableruns.adopt_plan")
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durableruns.cancel_run")
@@ -400,8 +426,8 @@ class RunStateAdmin(ReadOnlyRecord):
             policy = services.step_policy(run, name)
             steps.append({
                 "name": name,
-                "badge": zone_badge(zone) if zone else badge("not in this deploy's plan", "muted"),
-                "detail": zone_detail(zone, latest) if zone else "attempted under an earlier plan",
+                "badge": zone_badge(zone) if zone else badge("not in the run's plan", "muted"),
+                "detail": zone_detail(zone, latest) if zone else "attempted under the plan it had before",
                 "policy": policy.value if policy else "unknown",
                 "escalation": open_by_step.get(name) if zone is Zone.IN_DOUBT else None,
                 "attempts": [self._attempt_row(r) for r in by_step.get(name, [])],
@@ -441,6 +467,16 @@ class RunStateAdmin(ReadOnlyRecord):
             title="Retry failed runs", verb="retried",
             question="Give the failed step of these runs a fresh set of attempts? The next resume_runs makes a "
                      "new attempt under the same effect key.",
+        )
+
+    @admin.action(description="Move selected runs to the current plan…", permissions=["adopt_plan"])
+    def adopt_plan_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return self._confirmed(
+            request, queryset, action="adopt_plan_runs", perform=services.adopt_plan,
+            title="Move runs to the current plan", verb="moved to the current plan",
+            question="Move these runs to this deploy's plan of their workflow? Only a run whose record fits it "
+                     "moves (every step it attempted is in the new plan, in the same order, with the same "
+                     "policy, and none it has not attempted comes before them); any other is left as it is.",
         )
 
     def _confirmed(self, request: HttpRequest, queryset: QuerySet, *, action: str, title: str, verb: str,

@@ -9,6 +9,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import register
 from django.db.backends.signals import connection_created
+from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
 
 
@@ -29,8 +30,16 @@ class DurableRunsConfig(AppConfig):
         testing.arm_from_environment()
         connection_created.connect(sqlite.tune_connection, dispatch_uid="durableruns.sqlite.tune_connection")
         register(sqlite.check_sqlite_options)
+        # A flush empties the tables and emits post_migrate: the plans this process knew recorded are gone.
+        post_migrate.connect(_forget_plans, dispatch_uid="durableruns.store.forget_plans")
 
         autodiscover_modules("workflows")
         # Workflows that live outside an installed app (a script's, a test suite's) are named in settings.
         for module in getattr(settings, "DURABLERUNS_WORKFLOW_MODULES", ()):
             import_module(module)
+
+
+def _forget_plans(**kwargs: object) -> None:
+    from durableruns import store
+
+    store.forget_plans()

@@ -53,7 +53,7 @@ class Boundary:
     remainder: list[str]
     latest: Mapping[str, StepAttempt]
     status: str | None = None
-    # False when this deploy does not know the run's workflow: the plan is only the steps ever attempted.
+    # False when the run's plan is not recorded (durableruns.plans): the plan is only the steps ever attempted.
     plan_known: bool = True
 
     def zone(self, step: str) -> Zone:
@@ -124,7 +124,7 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
     if b.plan_known:
         parts.append(f"{_count(len(b.remainder))} remaining")
     else:
-        parts.append("the rest unknown: this deploy does not have the run's workflow")
+        parts.append("the rest unknown: the run's plan is not recorded")
     return ", ".join(parts)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.db import DatabaseError
 
 from durableruns.policies import Policy
 from durableruns.registry import workflows
@@ -64,3 +65,29 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                  "from several workers or hosts.",
             id="durableruns.W001")]
     return []
+
+
+@checks.register(checks.Tags.database)
+def check_plans_in_flight(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Warn, before the old code is gone, of each step that runs in flight still need and this deploy lacks.
+
+    A run follows the plan it started under; a deploy that removes or renames one of its steps (or declares it
+    with another policy) leaves such runs waiting for a worker that has it, then stopped for staff. Run with
+    `check --database default` in a deploy pipeline: the database is read only when asked to.
+    """
+    if not kwargs.get("databases"):
+        return []
+    from durableruns import services  # the check reads the record: only with --database
+
+    try:
+        missing = services.missing_steps()
+    except DatabaseError:  # not migrated yet: nothing can be in flight
+        return []
+    return [checks.Warning(
+        f"{m.workflow}.{m.step} ({m.policy}) is missing from this deploy: {m.runs} active run(s) of plan "
+        f"{m.fingerprint} still need it",
+        hint="Keep the step (same name and policy) until those runs drain (the admin's runs list, by plan), "
+             "or move each run to the current plan with durableruns.adopt_plan where its record fits. Meanwhile "
+             "they wait for a worker that has the step, then stop for staff after "
+             "DURABLERUNS_MISSING_STEP_GRACE_SECONDS.",
+        id="durableruns.W003") for m in missing]

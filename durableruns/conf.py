@@ -43,6 +43,18 @@ def internal_error_backoff() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS", 60.0)))
 
 
+def missing_step_grace() -> timedelta:
+    """How long a run whose plan has steps this deploy lacks is left for a worker whose deploy has them (a
+    rolling deploy) before it stops for staff; DURABLERUNS_MISSING_STEP_GRACE_SECONDS, 3600 by default. Measured
+    on the database's clock from when a worker first found it lacking."""
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_MISSING_STEP_GRACE_SECONDS", 3600.0)))
+
+
+def missing_step_retry() -> timedelta:
+    """How soon such a run is looked at again meanwhile; DURABLERUNS_MISSING_STEP_RETRY_SECONDS, 60 by default."""
+    return timedelta(seconds=float(getattr(settings, "DURABLERUNS_MISSING_STEP_RETRY_SECONDS", 60.0)))
+
+
 def concurrency() -> int:
     """Runs one resume_runs process works at once (threads, each with its own connection) when --concurrency is
     not given; DURABLERUNS_CONCURRENCY, 4 by default. SQLite always gets 1: it has one writer at a time."""

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durableruns import conf, signals, store, testing
+from durableruns import conf, plans, signals, store, testing
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
 from durableruns.errors import EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
-from durableruns.models import Escalation, Intervention, Resolution, RunStatus, RunStep
+from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep
+from durableruns.plans import Plan
 from durableruns.policies import (
     Action,
     Next,
@@ -76,7 +77,7 @@ class _Pass:
     """The mutable state of one pass over one run."""
 
     claimed: Claimed
-    workflow: Workflow
+    steps: list[Step]  # the run's own plan, with this deploy's functions
     boundary: Boundary
     results: dict[str, Any] = field(default_factory=dict)
     steps_run: int = 0
@@ -168,21 +169,28 @@ class Engine:
 
     def _work(self, claimed: Claimed) -> RunOutcome:
         lease = claimed.lease
+        # The run follows its own plan; this deploy supplies the functions of its steps, by name, where it
+        # declares them with the recorded policy. Nothing fails a run because the code changed.
         try:
-            workflow = get_workflow(claimed.workflow)
-        except UnknownWorkflow as exc:
-            return self._release(lease, RunStatus.FAILED, f"{exc}; was the workflow removed in a deploy?")
-        if workflow.fingerprint != claimed.plan_fingerprint:
-            return self._release(
-                lease,
-                RunStatus.FAILED,
-                f"plan changed between deploys: the run started under plan {claimed.plan_fingerprint}, "
-                f"this deploy has {workflow.fingerprint} ({workflow.describe()}); nothing was skipped or "
-                f"reordered: staff must decide (cancel it, or restore the old plan)",
-            )
+            workflow: Workflow | None = get_workflow(claimed.workflow)
+        except UnknownWorkflow:
+            workflow = None
+        plan = store.plan_of(claimed.workflow, claimed.plan_fingerprint)
         attempts = load_attempts(lease.run_id) if claimed.attempts is None else claimed.attempts
-        boundary = compute_boundary(workflow.plan, attempts)  # once, before any step runs
-        state = _Pass(claimed=claimed, workflow=workflow, boundary=boundary, attempts=attempts)
+        boundary = compute_boundary(plan.names if plan else (), attempts)  # once, before any step runs
+        if plan is None:
+            return self._leave(claimed, None, (), workflow_missing=workflow is None)
+        if workflow is not None and workflow.fingerprint == plan.fingerprint:
+            missing: tuple[str, ...] = ()  # this deploy's own plan: the hot path
+        else:
+            missing = plans.lacking(plan, workflow.policies() if workflow else None, boundary.remainder)
+        if missing:
+            return self._leave(claimed, plan, missing, workflow_missing=workflow is None)
+        if workflow is None:  # every step done already: nothing of this deploy's is needed
+            return self._release(lease, RunStatus.COMPLETED, "")
+        store.record_plan(plan, clock=self.clock)  # a no-op once this process knows it is recorded
+        steps = [workflow.get(name) or _done_elsewhere(name, policy) for name, policy in plan.steps]
+        state = _Pass(claimed=claimed, steps=steps, boundary=boundary, attempts=attempts)
         state.results = {s: boundary.latest[s].result for s in boundary.done}
         try:
             return self._drive(state)
@@ -197,7 +205,7 @@ class Engine:
     # -- the pass ----------------------------------------------------------------------------------------
 
     def _drive(self, state: _Pass) -> RunOutcome:
-        plan = state.workflow.steps
+        plan = state.steps
         # Committed together with the previous step's result, or for the first step of a fresh run, the claim.
         pending_intent: Intent | None = state.claimed.first_intent
         intent: Intent | None
@@ -421,10 +429,39 @@ class Engine:
             return None, True
         return Outcome(decision.action), False
 
+    def _leave(self, claimed: Claimed, plan: Plan | None, missing: tuple[str, ...], *, workflow_missing: bool
+               ) -> RunOutcome:
+        """This deploy lacks steps the run still needs (or its whole plan): leave the run, with no attempt and
+        nothing counted, for a worker whose deploy has them, and once the grace period has passed since a worker
+        first found it so (the database's clock), stop it for staff."""
+        lease = claimed.lease
+        now = self.clock.now()
+        reason = RunState.objects.filter(pk=lease.run_id).values_list("reason", flat=True).first() or ""
+        since = plans.lacking_since(reason) or now
+        grace = conf.missing_step_grace()
+        wake_at = plans.after_lacking(since=since, now=now, grace=grace, retry=conf.missing_step_retry())
+        workflow = claimed.workflow if workflow_missing else None
+        if wake_at is None:
+            return self._release(lease, RunStatus.NEEDS_DECISION, plans.stopped_reason(
+                fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, grace=grace, workflow=workflow))
+        return self._release(lease, RunStatus.WAITING, plans.waiting_reason(
+            fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, since=since, workflow=workflow),
+            wake_at=wake_at)
+
     def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
         store.release(lease, status=status, clock=self.clock, wake_at=wake_at, reason=reason)
         detail = f"{reason} (until {wake_at:%H:%M:%S})" if wake_at else reason
         return RunOutcome(run_id=lease.run_id, status=status, detail=detail)
+
+
+def _done_elsewhere(name: str, policy: str) -> Step:
+    """A step of the run's plan that this deploy no longer declares, which the run completed: it stands in the
+    plan for its place, and is never called (the pass skips done steps)."""
+
+    def absent(ctx: StepContext) -> Any:
+        raise UnknownWorkflow(f"step {name} is not in this deploy", step=name)
+
+    return Step(name=name, fn=absent, policy=Policy(policy))
 
 
 def step_timeout(step: Step) -> timedelta:

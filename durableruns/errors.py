@@ -13,6 +13,7 @@
     ├── AlreadyDecided            the escalation was decided before (carries who decided first)
     ├── InvalidDecision           the outcome is not one of happened / did_not_happen / abandon
     ├── RunNotActionable          a staff action does not fit the run's status (cancel a completed run, ...)
+    ├── PlanMismatch              adopt_plan refused: the run's record does not fit the current plan (names the step)
     └── NotMeasurable             measure_loop cannot measure that step (unknown, not re_executable, no loop)
 
 `Rejected` is not in this tree: it is what a step raises to say the far system refused the call, an
@@ -83,6 +84,10 @@ class InvalidDecision(DurableRunsError):
 
 class RunNotActionable(DurableRunsError):
     """The run's status does not allow that action."""
+
+
+class PlanMismatch(DurableRunsError):
+    """The run's record does not fit the current plan: moving it there would skip, repeat or reorder a step."""
 
 
 class NotMeasurable(DurableRunsError):

@@ -9,7 +9,8 @@ from django.db import models
 from django.db.models import Q
 
 from durableruns.boundary import StepAttempt
-from durableruns.querysets import EscalationQuerySet, RunStateQuerySet, RunStepQuerySet
+from durableruns.plans import Plan
+from durableruns.querysets import EscalationQuerySet, RunPlanQuerySet, RunStateQuerySet, RunStepQuerySet
 
 
 class RunStatus(models.TextChoices):
@@ -63,6 +64,7 @@ class RunState(models.Model):
             ("start_run", "Can start runs"),
             ("cancel_run", "Can cancel runs"),
             ("retry_run", "Can retry failed runs"),
+            ("adopt_plan", "Can move runs to the current plan"),
         ]
         indexes = [
             # Only runs a worker may still take are indexed, so claiming stays flat however many runs finished.
@@ -84,6 +86,34 @@ class RunState(models.Model):
 
     def __str__(self) -> str:
         return self.run_id
+
+
+class RunPlan(models.Model):
+    """A plan runs started under: its steps (name and policy, in order), recorded once per fingerprint.
+
+    Written the first time a process starts a run of that fingerprint (never changed after), so a run is read
+    through its own plan whatever code the reader runs. `workflow` is the workflow it was first recorded for.
+    """
+
+    fingerprint = models.CharField(max_length=64, primary_key=True)
+    workflow = models.CharField(max_length=200)
+    steps = models.JSONField(help_text="[[step, policy], ...] in plan order.")
+    first_seen = models.DateTimeField()
+
+    objects = RunPlanQuerySet.as_manager()
+
+    class Meta:
+        db_table = "run_plan"
+        verbose_name = "plan"
+        ordering = ["-first_seen"]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.fingerprint}"
+
+    def to_plan(self) -> Plan:
+        """Convert to the pure core's frozen value."""
+        return Plan(fingerprint=self.fingerprint, workflow=self.workflow,
+                    steps=tuple((str(name), str(policy)) for name, policy in self.steps))
 
 
 class RunStep(models.Model):
@@ -186,6 +216,7 @@ class Intervention(models.Model):
         ABANDON = "abandon", "abandon the run"
         CANCEL = "cancel", "cancel the run"
         RETRY = "retry", "retry the failed step"
+        ADOPT_PLAN = "adopt_plan", "move the run to the current plan"
 
     run = models.ForeignKey(RunState, on_delete=models.CASCADE, related_name="interventions")
     escalation = models.OneToOneField(

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Coalesce
 
 
 class RunStateQuerySet(models.QuerySet):
@@ -34,10 +35,50 @@ class RunStateQuerySet(models.QuerySet):
     def newest_first(self) -> RunStateQuerySet:
         return self.order_by("-created_at")
 
+    def unfinished(self) -> RunStateQuerySet:
+        """Runs that may still move: active, or stopped for staff."""
+        return self.filter(status__in=RunPlanQuerySet.UNFINISHED)
+
+    def needing(self, step: str) -> RunStateQuerySet:
+        """Runs that have not completed `step`."""
+        attempts = self.model._meta.get_field("attempts").related_model._default_manager
+        return self.exclude(models.Exists(attempts.filter(run_id=models.OuterRef("pk"), step=step,
+                                                          status="completed")))
+
+    def of_plan(self, fingerprint: str) -> RunStateQuerySet:
+        return self.filter(plan_fingerprint=fingerprint)
+
+    def with_unrecorded_plan(self) -> RunStateQuerySet:
+        """Runs whose plan is not recorded (started before plans were, under a plan no deploy has since)."""
+        plans = self.model._meta.apps.get_model("durableruns", "RunPlan")._default_manager
+        return self.exclude(models.Exists(plans.filter(pk=models.OuterRef("plan_fingerprint"))))
+
+    def stopped_lacking_steps(self) -> RunStateQuerySet:
+        """Runs stopped for staff because the deploy lacked steps of their plan (plans.STOPPED_MARK)."""
+        from durableruns.plans import STOPPED_MARK
+
+        return self.filter(status="needs_decision", reason__startswith=STOPPED_MARK)
+
     def having_effect_key(self, key: str) -> RunStateQuerySet:
         """Runs with an attempt under `key` (EXISTS, so a run with many such attempts is listed once)."""
         attempts = self.model._meta.get_field("attempts").related_model._default_manager
         return self.filter(models.Exists(attempts.filter(run_id=models.OuterRef("pk"), effect_key=key)))
+
+
+class RunPlanQuerySet(models.QuerySet):
+    # Runs that may still move: what a deploy must keep the steps of until they drain.
+    UNFINISHED = ("pending", "running", "waiting", "needs_decision")
+
+    def with_active_runs(self) -> RunPlanQuerySet:
+        """Plans annotated with `active_runs`: how many unfinished runs each still has."""
+        runs = self.model._meta.apps.get_model("durableruns", "RunState")._default_manager
+        active = (runs.filter(plan_fingerprint=models.OuterRef("pk"), status__in=self.UNFINISHED)
+                  .order_by().values("plan_fingerprint").annotate(n=models.Count("pk")).values("n"))
+        return self.annotate(active_runs=Coalesce(models.Subquery(active), 0))
+
+    def in_flight(self) -> RunPlanQuerySet:
+        """Plans that still have unfinished runs."""
+        return self.with_active_runs().filter(active_runs__gt=0)
 
 
 class RunStepQuerySet(models.QuerySet):

@@ -1,13 +1,12 @@
 """Workflows and their steps as declared in Python, and the registry that finds them by name. No database.
 
 A workflow's plan is its steps in declaration order; its fingerprint (ordered names and policies) is recorded
-with each run so that a resume under a changed plan stops instead of skipping or reordering steps.
+with each run, and the plan itself once per fingerprint (durableruns.plans): a run follows the plan it started
+under, and a deploy supplies the functions of its steps by name.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from durableruns.errors import DeclarationError, Rejected, UnknownWorkflow
+from durableruns.plans import Plan, PlanSteps, fingerprint_of
 from durableruns.policies import Policy
 
 if TYPE_CHECKING:
@@ -138,10 +138,32 @@ class Workflow:
         return tuple(s.name for s in self.steps)
 
     @property
+    def plan_steps(self) -> PlanSteps:
+        """The plan as a run records it: (step name, policy), in order."""
+        return self.as_plan().steps
+
+    @property
     def fingerprint(self) -> str:
-        """Hash the ordered step names and policies: what a run's record must still match to resume."""
-        shape = [[s.name, s.policy.value] for s in self.steps]
-        return hashlib.sha256(json.dumps(shape).encode()).hexdigest()[:16]
+        """Hash the ordered step names and policies: the plan a run started now records (durableruns.plans)."""
+        return self.as_plan().fingerprint
+
+    def as_plan(self) -> Plan:
+        """This deploy's plan of the workflow; computed again only after a step is declared (steps are only ever
+        appended), since every start and every claim asks for it."""
+        cached = self.__dict__.get("_plan")
+        if cached is None or cached[0] != len(self.steps):
+            steps = tuple((s.name, s.policy.value) for s in self.steps)
+            cached = self.__dict__["_plan"] = (len(self.steps), Plan(
+                fingerprint=fingerprint_of(steps), workflow=self.name, steps=steps))
+        plan: Plan = cached[1]
+        return plan
+
+    def policies(self) -> dict[str, str]:
+        """This deploy's step name -> policy: what it can run of a recorded plan (plans.lacking)."""
+        return {s.name: s.policy.value for s in self.steps}
+
+    def get(self, name: str) -> Step | None:
+        return self._by_name.get(name)
 
     def describe(self) -> str:
         return ", ".join(f"{s.name} ({s.policy.value})" for s in self.steps)
@@ -172,6 +194,11 @@ def first_steps() -> FirstSteps:
         _first_steps = (_changes, tuple((wf.name, wf.fingerprint, wf.steps[0].name)
                                         for wf in _registry.values() if wf.steps and wf.steps[0].intent))
     return _first_steps[1]
+
+
+def generation() -> int:
+    """How many declarations the registry has seen: what this process's code is, for caches derived from it."""
+    return _changes
 
 
 def _declaring_module(workflow: Workflow) -> str:

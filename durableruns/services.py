@@ -24,9 +24,10 @@ from durableruns.errors import (
     RunNotFound,
     UnknownWorkflow,
 )
-from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
+from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunStatus, RunStep
+from durableruns.plans import Plan, lacking
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
-from durableruns.registry import get_workflow
+from durableruns.registry import get_workflow, workflows
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
@@ -56,7 +57,8 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> s
         # The message spells the id with escapes (repr); a raw surrogate would break whoever renders it.
         raise InvalidInput(f"run_id {run_id!r} holds a NUL character or a lone surrogate, which cannot be stored")
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
-    store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=workflow.fingerprint, input=input)
+    plan = workflow.as_plan()
+    store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan)
     return run_id
 
 
@@ -71,23 +73,40 @@ def _storable_text(text: str) -> bool:
     return True
 
 
+def run_plan(run: RunState) -> Plan | None:
+    """The plan the run started under (recorded once per fingerprint), or None where it is not recorded."""
+    return store.plan_of(run.workflow, run.plan_fingerprint)
+
+
 def plan_of(run: RunState) -> tuple[str, ...] | None:
-    """The run's plan from its registered workflow, or None if this deploy does not know the workflow."""
-    try:
-        return get_workflow(run.workflow).plan
-    except UnknownWorkflow:
-        return None
+    """The run's own plan's steps, whatever this deploy's plan is; None if the plan is not recorded."""
+    plan = run_plan(run)
+    return None if plan is None else plan.names
 
 
 def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundary:
-    """The run's boundary with its status, from `rows` or the run's attempts (prefetched ones cost nothing);
-    for an unknown workflow, the steps in the order they were attempted."""
+    """The run's boundary with its status, from `rows` or the run's attempts (prefetched ones cost nothing),
+    through its own plan; where that plan is not recorded, the steps in the order they were attempted."""
     attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
     plan = plan_of(run)
     if plan is None:
         attempted = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
         return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
     return replace(compute_boundary(plan, attempts), status=run.status)
+
+
+def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:
+    """The steps the run still needs that this deploy cannot run for it (None: its plan is not recorded)."""
+    plan = run_plan(run)
+    if plan is None:
+        return None
+    try:
+        workflow = get_workflow(run.workflow)
+    except UnknownWorkflow:
+        return lacking(plan, None, b.remainder)
+    if workflow.fingerprint == plan.fingerprint:
+        return ()
+    return lacking(plan, workflow.policies(), b.remainder)
 
 
 def get_run(run_id: str) -> RunState:
@@ -203,15 +222,19 @@ def preview_due(*, limit: int | None = 100, run_id: str | None = None, clock: Cl
 
 
 def _would(run: RunState, b: Boundary) -> str:
-    try:
-        workflow = get_workflow(run.workflow)
-    except UnknownWorkflow:
-        return f"fail it: workflow {run.workflow!r} is not registered"
-    if workflow.fingerprint != run.plan_fingerprint:
-        return "stop it: its plan changed between deploys"
+    missing = lacking_of(run, b)
+    if missing is None:
+        return (f"leave it for a deploy that has its plan {run.plan_fingerprint} (not recorded, and not this "
+                f"deploy's), then stop it for staff after the grace period")
+    if missing and run.workflow not in workflows():
+        return (f"leave it for a deploy that has workflow {run.workflow!r}, then stop it for staff after the "
+                f"grace period")
+    if missing:
+        return (f"leave it for a deploy that has {', '.join(missing)} (this deploy lacks them, or declares "
+                f"them with another policy), then stop it for staff after the grace period")
     if not b.remainder:
         return "mark it completed"
-    step = workflow[b.remainder[0]]
+    step = get_workflow(run.workflow)[b.remainder[0]]  # it needs steps, and this deploy has every one
     latest = b.latest.get(step.name)
     if latest is None:
         return f"run {step.name} (attempt 1)"
@@ -343,15 +366,80 @@ def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:
 
 
 def step_policy(run: RunState, step: str) -> Policy | None:
-    try:
-        return get_workflow(run.workflow)[step].policy
-    except (UnknownWorkflow, KeyError):
-        return None
+    """The policy the run's own plan declares for `step` (None: not in it, or the plan is not recorded)."""
+    plan = run_plan(run)
+    policy = plan.policy(step) if plan else None
+    return Policy(policy) if policy else None
 
 
 def step_doc(run: RunState, step: str) -> str:
-    """The step's docstring (for an escalated step: how a person checks the far system by hand), or ''."""
+    """The step's docstring (for an escalated step: how a person checks the far system by hand), or '': this
+    deploy's function of it, where it declares the step with the policy the run's plan has."""
     try:
-        return get_workflow(run.workflow)[step].doc
-    except (UnknownWorkflow, KeyError):
+        declared = get_workflow(run.workflow).get(step)
+    except UnknownWorkflow:
         return ""
+    if declared is None or declared.policy is not step_policy(run, step):
+        return ""
+    return declared.doc
+
+
+# -- plans and deploys ---------------------------------------------------------------------------------------
+
+
+ADOPTABLE = (RunStatus.PENDING, RunStatus.WAITING, RunStatus.NEEDS_DECISION)
+
+
+def adopt_plan(run_id: str, *, by: Any, note: str) -> Intervention:
+    """Move a run to this deploy's plan of its workflow, on purpose, recording who, when, why and from which plan
+    to which. Allowed only where the run's record fits that plan (plans.misfit: nothing would be skipped,
+    repeated or reordered); otherwise PlanMismatch names the step, and the run is left as it was."""
+    decided_by, user_id = _who(by)
+    note = _required_note(note)
+    run = get_run(run_id)
+    workflow = get_workflow(run.workflow)
+    if run.status == RunStatus.NEEDS_DECISION and Escalation.objects.filter(
+            run_id=run_id, decision__isnull=True).exists():
+        raise RunNotActionable("this run waits for a decision on its escalation: decide it first",
+                               run_id=run_id, status=run.status)
+    return store.adopt_plan(run_id, plan=workflow.as_plan(), allowed_from=ADOPTABLE, decided_by=decided_by,
+                            user_id=user_id, note=note)
+
+
+def reopen_runnable() -> int:
+    """Make workable again the runs stopped for staff because a deploy lacked steps of their plan, where this
+    deploy has every step they still need: the deploy that has them came back. Returns how many. A worker does
+    this itself, once per process, the first time it finds nothing due (store.claim)."""
+    return store.reopen_runnable()
+
+
+@dataclass(frozen=True, kw_only=True)
+class MissingStep:
+    """A step runs in flight still need that this deploy lacks: what `check --database default` warns of."""
+
+    workflow: str
+    step: str
+    policy: str
+    fingerprint: str
+    runs: int
+
+
+def missing_steps() -> list[MissingStep]:
+    """Each step of a plan with unfinished runs that this deploy lacks (or declares with another policy), with
+    how many of those runs have not completed it yet."""
+    found = []
+    for row in RunPlan.objects.in_flight().order_by("workflow", "first_seen"):
+        plan = row.to_plan()
+        names = RunState.objects.unfinished().of_plan(plan.fingerprint).values_list("workflow", flat=True)
+        for workflow_name in sorted(set(names)):
+            try:
+                have: dict[str, str] | None = get_workflow(workflow_name).policies()
+            except UnknownWorkflow:
+                have = None
+            for step in lacking(plan, have, plan.names):
+                runs = (RunState.objects.unfinished().of_plan(plan.fingerprint).filter(workflow=workflow_name)
+                        .needing(step).count())
+                if runs:
+                    found.append(MissingStep(workflow=workflow_name, step=step, policy=plan.policy(step) or "",
+                                             fingerprint=plan.fingerprint, runs=runs))
+    return found

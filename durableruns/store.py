@@ -20,7 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections,
 from django.db.models import F
 
 from durableruns import pgsql, signals
-from durableruns.boundary import StepAttempt
+from durableruns.boundary import StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.errors import (
     AlreadyDecided,
@@ -29,18 +29,21 @@ from durableruns.errors import (
     ResultNotJSON,
     RunNotActionable,
     RunNotFound,
+    UnknownWorkflow,
 )
 from durableruns.models import (
     Escalation,
     Intervention,
     Resolution,
+    RunPlan,
     RunState,
     RunStatus,
     RunStep,
     StepStatus,
     WorkerPresence,
 )
-from durableruns.registry import FirstSteps
+from durableruns.plans import Plan, attempted_in_order, check_fit, lacking
+from durableruns.registry import FirstSteps, generation, get_workflow, workflows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,9 +228,60 @@ def _intent_params(intent: Intent) -> dict[str, Any]:
             "i_loop": intent.loop_cursor, "i_progress": progress}
 
 
+# -- plans -----------------------------------------------------------------------------------------------------
+
+# The fingerprints this process knows are recorded (so a start costs one statement, not two), and the plans it
+# has read (a recorded plan never changes). Forgotten when the tables are flushed (apps.py, post_migrate).
+_recorded: set[str] = set()
+_read: dict[str, Plan] = {}
+
+
+def forget_plans(**kwargs: Any) -> None:
+    """Forget which plans are recorded: the tables were emptied (a flush emits post_migrate)."""
+    _recorded.clear()
+    _read.clear()
+
+
+def record_plan(plan: Plan, *, clock: Clock = DATABASE) -> None:
+    """Record `plan` under its fingerprint unless this process knows it is recorded: INSERT ... ON CONFLICT DO
+    NOTHING, so any number of processes may race to record the same plan. Inside a transaction it joins it, and
+    the process remembers it only once that commits (a rolled-back start leaves no plan behind)."""
+    if plan.fingerprint in _recorded:
+        return
+    RunPlan.objects.bulk_create(
+        [RunPlan(fingerprint=plan.fingerprint, workflow=plan.workflow, steps=[list(s) for s in plan.steps],
+                 first_seen=clock.expression())],
+        ignore_conflicts=True)
+    if connection.in_atomic_block:
+        transaction.on_commit(lambda: _recorded.add(plan.fingerprint))
+    else:
+        _recorded.add(plan.fingerprint)
+
+
+def plan_of(workflow: str, fingerprint: str) -> Plan | None:
+    """The plan a run of `workflow` started under (by its recorded fingerprint), or None if it is not recorded.
+
+    This deploy's own plan of the workflow is the same plan when the fingerprints agree (the fingerprint is the
+    hash of the steps), so that case costs no query; any other is read once per process."""
+    try:
+        current = get_workflow(workflow)
+    except UnknownWorkflow:
+        current = None
+    if current is not None and current.fingerprint == fingerprint:
+        return current.as_plan()
+    plan = _read.get(fingerprint)
+    if plan is None:
+        row = RunPlan.objects.filter(pk=fingerprint).first()
+        if row is None:
+            return None
+        plan = _read[fingerprint] = row.to_plan()
+    return plan
+
+
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any],
-               clock: Clock = DATABASE) -> None:
-    """Record a pending run, created at the database's now; a worker picks it up.
+               clock: Clock = DATABASE, plan: Plan | None = None) -> None:
+    """Record a pending run, created at the database's now; a worker picks it up. `plan`, the run's plan, is
+    recorded with it the first time this process starts a run of that fingerprint.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
@@ -238,9 +292,14 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
     try:
         if connection.in_atomic_block:
             with transaction.atomic():
+                if plan is not None:
+                    record_plan(plan, clock=clock)
                 RunState.objects.create(**fields)
                 _wake_workers()  # on the caller's commit: a run rolled back wakes nobody
-        elif _fast():
+            return
+        if plan is not None:
+            record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
+        if _fast():
             pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
                              input=to_json(input, what="the input"))
         else:
@@ -254,6 +313,49 @@ def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: 
           first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None
           ) -> Claimed | None:
     """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch.
+
+    The first time this process (this deploy) finds nothing due, it first makes workable again the runs stopped
+    for lacking steps this deploy has (reopen_runnable), and looks once more: a deploy that has the steps came
+    back, and its first idle moment, not its first claim, pays for the look.
+    """
+    taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id, first_steps=first_steps,
+                   before_first_intent=before_first_intent)
+    if taken is None and run_id is None and _reopen_once(clock):
+        taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=None, first_steps=first_steps,
+                       before_first_intent=before_first_intent)
+    return taken
+
+
+_reopened_for: int | None = None  # the registry generation (this process's deploy) that last looked
+
+
+def _reopen_once(clock: Clock) -> int:
+    global _reopened_for
+    if _reopened_for == generation():
+        return 0
+    _reopened_for = generation()
+    return reopen_runnable(clock=clock)
+
+
+def reopen_runnable(*, clock: Clock = DATABASE) -> int:
+    """Make pending again the runs stopped for staff because a deploy lacked steps of their plan, where this
+    deploy has every step they still need; return how many."""
+    ready = []
+    stopped = (RunState.objects.filter(workflow__in=list(workflows())).stopped_lacking_steps()
+               .only("run_id", "workflow", "plan_fingerprint").with_attempts())
+    for run in stopped:
+        plan = plan_of(run.workflow, run.plan_fingerprint)
+        if plan is None:
+            continue
+        remainder = compute_boundary(plan.names, [a.to_attempt() for a in run.attempts.all()]).remainder
+        if not lacking(plan, get_workflow(run.workflow).policies(), remainder):
+            ready.append(run.run_id)
+    return reopen_runs(ready, reason="this deploy has the steps of the run's plan again", clock=clock)
+
+
+def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None, first_steps: FirstSteps,
+           before_first_intent: Callable[[str], None] | None) -> Claimed | None:
+    """One claim, as `claim` describes it.
 
     On PostgreSQL, when it takes the oldest due run, a fresh run whose (workflow, plan fingerprint) is in
     `first_steps` also gets the intent of the named first step in the claim's commit (Claimed.first_intent), as
@@ -590,3 +692,71 @@ def record_staff_action(
             except IntegrityError:
                 pass
         return Intervention.objects.create(**fields)
+
+
+def adopt_plan(
+    run_id: str,
+    *,
+    plan: Plan,
+    allowed_from: tuple[str, ...],
+    decided_by: str,
+    user_id: int | None,
+    note: str,
+    clock: Clock = DATABASE,
+) -> Intervention:
+    """Move a run to `plan` on purpose: the fit check, the new fingerprint and the staff act in one commit.
+
+    The fit is checked on the record as it is under the run's row lock, of a run no worker holds (its status in
+    `allowed_from`, or running under a lease that ran out), so no attempt can be added between the check and the
+    move. The epoch bump fences whoever
+    held it before; the run is pending, and the next pass follows `plan`.
+    """
+    with transaction.atomic(durable=True):
+        now = clock.now()
+        run = RunState.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise RunNotFound(run_id=run_id)
+        # A run whose worker died (running, its lease run out) is held by nobody, as a waiting one is.
+        abandoned = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)
+        if run.status not in allowed_from and not abandoned:
+            raise RunNotActionable(f"cannot adopt_plan for a run that is {run.status} (held by {run.owner})"
+                                   if run.status == RunStatus.RUNNING else
+                                   f"cannot adopt_plan for a run that is {run.status}", run_id=run_id,
+                                   status=run.status)
+        if run.plan_fingerprint == plan.fingerprint:
+            raise RunNotActionable(f"the run follows plan {plan.fingerprint} already", run_id=run_id,
+                                   status=run.status)
+        old = plan_of(run.workflow, run.plan_fingerprint)
+        attempts = [row.to_attempt() for row in RunStep.objects.of_run(run_id)]
+        check_fit(run_id, attempted=attempted_in_order(old, [(a.step, a.started_at) for a in attempts]),
+                  policies=dict(old.steps) if old else None, new=plan.steps, new_fingerprint=plan.fingerprint)
+        record_plan(plan, clock=clock)
+        remainder = compute_boundary(plan.names, attempts).remainder
+        RunState.objects.filter(pk=run_id).update(
+            plan_fingerprint=plan.fingerprint, status=RunStatus.PENDING, epoch=F("epoch") + 1, wake_at=None,
+            lease_expires_at=None, updated_at=now,
+            cursor=plan.names.index(remainder[0]) if remainder else len(plan.names),
+            reason=storable(f"adopt_plan by {decided_by}: {note} (plan {run.plan_fingerprint} -> {plan.fingerprint})"),
+        )
+        _wake_workers()
+        return Intervention.objects.create(
+            run_id=run_id, action=Intervention.Action.ADOPT_PLAN, decided_by=decided_by, user_id=user_id,
+            decided_at=now, note=note,
+            result={"from_plan": run.plan_fingerprint, "to_plan": plan.fingerprint,
+                    "from_steps": [list(s) for s in old.steps] if old else None,
+                    "to_steps": [list(s) for s in plan.steps]},
+        )
+
+
+def reopen_runs(run_ids: list[str], *, reason: str, clock: Clock = DATABASE) -> int:
+    """Make runs stopped for lacking steps workable again (pending), those still stopped for that reason only;
+    the epoch bump fences nobody (no worker holds a stopped run) but keeps every change of hands counted."""
+    if not run_ids:
+        return 0
+    with transaction.atomic(durable=True):
+        moved = RunState.objects.filter(pk__in=run_ids).stopped_lacking_steps().update(
+            status=RunStatus.PENDING, epoch=F("epoch") + 1, wake_at=None, reason=storable(reason),
+            updated_at=clock.expression())
+        if moved:
+            _wake_workers()
+        return moved

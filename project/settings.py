@@ -106,6 +106,8 @@ DURABLERUNS_WORKFLOW_MODULES = env.list("DURABLERUNS_WORKFLOW_MODULES", default=
 DURABLERUNS_RETRY_BACKOFF_SECONDS = env.float("DURABLERUNS_RETRY_BACKOFF_SECONDS", default=1.0)
 DURABLERUNS_RETRY_BACKOFF_MAX_SECONDS = env.float("DURABLERUNS_RETRY_BACKOFF_MAX_SECONDS", default=300.0)
 DURABLERUNS_LOOKUP_RETRY_SECONDS = env.float("DURABLERUNS_LOOKUP_RETRY_SECONDS", default=5.0)
+DURABLERUNS_MISSING_STEP_GRACE_SECONDS = env.float("DURABLERUNS_MISSING_STEP_GRACE_SECONDS", default=3600.0)
+DURABLERUNS_MISSING_STEP_RETRY_SECONDS = env.float("DURABLERUNS_MISSING_STEP_RETRY_SECONDS", default=60.0)
 # The PostgreSQL hot path prepares its statements; off behind a pooler that cannot keep prepared statements.
 DURABLERUNS_PREPARED_STATEMENTS = env.bool("DURABLERUNS_PREPARED_STATEMENTS", default=True)
 # Worker processes: threads per resume_runs, the crash budget, how long past a step's timeout it is "stuck".

@@ -73,6 +73,11 @@ class RunNotActionableError(DurableRunsAPIError):
     default_code = "run_not_actionable"
 
 
+class PlanMismatchError(DurableRunsAPIError):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "plan_mismatch"
+
+
 TRANSLATIONS: dict[type[errors.DurableRunsError], type[DurableRunsAPIError]] = {
     errors.UnknownWorkflow: UnknownWorkflowError,
     errors.InvalidInput: InvalidInputError,
@@ -83,6 +88,7 @@ TRANSLATIONS: dict[type[errors.DurableRunsError], type[DurableRunsAPIError]] = {
     errors.AlreadyDecided: AlreadyDecidedError,
     errors.InvalidDecision: InvalidDecisionError,
     errors.RunNotActionable: RunNotActionableError,
+    errors.PlanMismatch: PlanMismatchError,
 }
 
 

@@ -59,3 +59,8 @@ class CanCancelRuns(_ModelPermission):
 class CanRetryRuns(_ModelPermission):
     perm = "durableruns.retry_run"
     message = "Retrying a run needs the permission durableruns.retry_run."
+
+
+class CanAdoptPlan(_ModelPermission):
+    perm = "durableruns.adopt_plan"
+    message = "Moving a run to the current plan needs the permission durableruns.adopt_plan."

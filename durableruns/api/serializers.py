@@ -16,9 +16,8 @@ from rest_framework import serializers
 
 from durableruns import services
 from durableruns.boundary import Boundary, Zone
-from durableruns.errors import UnknownWorkflow
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
-from durableruns.registry import get_workflow, workflows
+from durableruns.registry import workflows
 
 OUTCOMES = [
     (Intervention.Action.HAPPENED.value, Intervention.Action.HAPPENED.label),
@@ -270,10 +269,8 @@ class EscalationSerializer(serializers.ModelSerializer):
         return _sentence(self, escalation.run)
 
     def get_doc(self, escalation: Escalation) -> str:
-        try:
-            return get_workflow(escalation.run.workflow)[escalation.step].doc
-        except (UnknownWorkflow, KeyError):
-            return ""  # a workflow or step this deploy no longer declares
+        # this deploy's docstring of the step, where it declares it as the run's plan does; else ""
+        return services.step_doc(escalation.run, escalation.step)
 
     @extend_schema_field(DecisionSerializer(allow_null=True))
     def get_decision(self, escalation: Escalation) -> dict[str, Any] | None:
@@ -315,7 +312,9 @@ class PlanStepSerializer(serializers.Serializer):
     zone = serializers.ChoiceField(choices=[(z.value, z.value) for z in Zone])
     since = serializers.DateTimeField(allow_null=True, help_text="For an in-doubt step: when its intent was recorded.")
     attempt = serializers.IntegerField(allow_null=True, help_text="The latest attempt's number, if any.")
-    policy = serializers.CharField(allow_null=True, help_text="The step's in-doubt policy, if the step is declared.")
+    policy = serializers.CharField(
+        allow_null=True, help_text="The step's in-doubt policy in the run's own plan (null if it is not recorded)."
+    )
 
 
 class BoundarySerializer(serializers.Serializer):
@@ -324,6 +323,9 @@ class BoundarySerializer(serializers.Serializer):
     in_doubt = serializers.ListField(child=serializers.CharField())
     failed = serializers.ListField(child=serializers.CharField())
     remainder = serializers.ListField(child=serializers.CharField(), help_text="Every step not done, in plan order.")
+    plan_known = serializers.BooleanField(
+        help_text="False when the run's own plan is not recorded: `plan` is then the steps in the order attempted."
+    )
 
 
 class RunDetailSerializer(RunSerializer):
@@ -336,7 +338,16 @@ class RunDetailSerializer(RunSerializer):
     input = JSONObjectField(read_only=True)
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "epoch", "input", "boundary", "escalations", "interventions", "attempts"]
+        fields = [
+            *RunSerializer.Meta.fields,
+            "plan_fingerprint",
+            "epoch",
+            "input",
+            "boundary",
+            "escalations",
+            "interventions",
+            "attempts",
+        ]
         read_only_fields = fields
 
     @extend_schema_field(BoundarySerializer)
@@ -357,7 +368,14 @@ class RunDetailSerializer(RunSerializer):
                 }
             )
         return BoundarySerializer(
-            {"plan": plan, "done": b.done, "in_doubt": b.in_doubt, "failed": b.failed, "remainder": b.remainder}
+            {
+                "plan": plan,
+                "done": b.done,
+                "in_doubt": b.in_doubt,
+                "failed": b.failed,
+                "remainder": b.remainder,
+                "plan_known": b.plan_known,
+            }
         ).data
 
 
@@ -378,3 +396,5 @@ class ConflictSerializer(ErrorSerializer):
     decided_at = serializers.DateTimeField(required=False)
     run_id = serializers.CharField(required=False)
     status = serializers.CharField(required=False)
+    step = serializers.CharField(required=False, help_text="plan_mismatch: the step that does not fit.")
+    plan = serializers.CharField(required=False, help_text="plan_mismatch: the plan the run could not adopt.")

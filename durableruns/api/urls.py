@@ -84,6 +84,7 @@ urlpatterns: list[URLPattern] = [
     # before the detail: a run_id may contain "/", so the detail's pattern would match these paths too
     path("runs/<run_id:run_id>/cancel/", views.CancelRun.as_view(), name="run-cancel"),
     path("runs/<run_id:run_id>/retry/", views.RetryRun.as_view(), name="run-retry"),
+    path("runs/<run_id:run_id>/adopt_plan/", views.AdoptPlan.as_view(), name="run-adopt-plan"),
     path("runs/<run_id:run_id>/", views.RunDetail.as_view(), name="run-detail"),
     path("escalations/", views.EscalationList.as_view(), name="escalation-list"),
     path("escalations/<int:id>/decide/", views.DecideEscalation.as_view(), name="escalation-decide"),

@@ -34,6 +34,7 @@ from durableruns.api import authentication  # noqa: F401  (registers the session
 from durableruns.api import serializers as s
 from durableruns.api.pagination import KeysetPagination
 from durableruns.api.permissions import (
+    CanAdoptPlan,
     CanCancelRuns,
     CanDecideEscalations,
     CanRetryRuns,
@@ -402,3 +403,19 @@ class RetryRun(_StaffAct):
 
     def perform(self, run_id: str, *, by: Any, note: str) -> None:
         services.retry_run(run_id, by=by, note=note)
+
+
+@_staff_act(
+    "Move a run to the current plan",
+    "durableruns.adopt_plan",
+    "The run's record does not fit the current plan (plan_mismatch, naming the step), or its status does "
+    "not allow it (run_not_actionable).",
+)
+class AdoptPlan(_StaffAct):
+    """POST moves a run to this deploy's plan of its workflow, where its record fits (durableruns.adopt_plan)."""
+
+    act = "adopt_plan"
+    needs = (CanViewRuns, CanAdoptPlan)
+
+    def perform(self, run_id: str, *, by: Any, note: str) -> None:
+        services.adopt_plan(run_id, by=by, note=note)

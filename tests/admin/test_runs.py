@@ -235,10 +235,15 @@ def test_a_run_of_a_workflow_this_deploy_does_not_know_still_shows_its_record(as
     assert "2 steps complete, third in doubt since" in as_viewer.get(RUNS).content.decode()
     response = as_viewer.get(run_page(run_id))
     assert response.status_code == 200
-    steps = response.context["steps"]
+    steps = response.context["steps"]  # through the run's own recorded plan: its policies too
+    assert [(s["name"], s["policy"]) for s in steps] == [("first", "re_executable"), ("second", "resolvable"),
+                                                         ("third", "escalate")]
+    assert ">in doubt</span>" in steps[2]["badge"]
+    # A plan that was never recorded: the steps as attempted, their policies unknown.
+    RunState.objects.filter(pk=run_id).update(plan_fingerprint="0123456789abcdef")
+    steps = as_viewer.get(run_page(run_id)).context["steps"]
     assert [(s["name"], s["policy"]) for s in steps] == [("first", "unknown"), ("second", "unknown"),
                                                          ("third", "unknown")]
-    assert ">in doubt</span>" in steps[2]["badge"]
 
 
 def test_whoever_may_decide_escalations_may_also_look_at_runs():

@@ -260,13 +260,27 @@ def test_a_failed_step_shows_in_the_failed_zone(client_for, reader, settings):
     assert "refused" in body["attempts"][-1]["error"]
 
 
-def test_a_run_of_a_workflow_this_deploy_does_not_know_still_renders(client_for, reader):
+def test_a_run_of_a_workflow_this_deploy_does_not_know_renders_through_its_own_plan(client_for, reader):
     make_run(run_id="ghost")
     complete("ghost", "first", {})
     RunState.objects.filter(pk="ghost").update(workflow="retired_flow")
     body = client_for(reader).get("/api/runs/ghost/").json()
-    assert body["workflow"] == "retired_flow"
+    assert body["workflow"] == "retired_flow" and body["boundary"]["plan_known"] is True
+    assert [(s["step"], s["zone"], s["policy"]) for s in body["boundary"]["plan"]] == [
+        ("first", "done", "re_executable"),
+        ("second", "not_started", "resolvable"),
+        ("third", "not_started", "escalate"),
+    ]
+
+
+def test_a_run_whose_plan_is_not_recorded_renders_the_steps_it_attempted(client_for, reader):
+    make_run(run_id="ghost")
+    complete("ghost", "first", {})
+    RunState.objects.filter(pk="ghost").update(workflow="retired_flow", plan_fingerprint="0123456789abcdef")
+    body = client_for(reader).get("/api/runs/ghost/").json()
+    assert body["boundary"]["plan_known"] is False and body["plan_fingerprint"] == "0123456789abcdef"
     assert body["boundary"]["plan"] == [{"step": "first", "zone": "done", "since": None, "attempt": 1, "policy": None}]
+    assert body["sentence"] == "1 step complete, the rest unknown: the run's plan is not recorded"
 
 
 def test_an_unknown_run_is_a_404_naming_it(client_for, reader):

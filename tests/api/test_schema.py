@@ -25,6 +25,7 @@ OPERATIONS = {
     ("POST", "/api/escalations/{id}/decide/"),
     ("POST", "/api/runs/{run_id}/cancel/"),
     ("POST", "/api/runs/{run_id}/retry/"),
+    ("POST", "/api/runs/{run_id}/adopt_plan/"),
 }
 EXAMPLES = 50  # per operation and pass: about 550 requests
 # Its only input is a free-form string in the path: every value is valid, so there is no invalid request to make.

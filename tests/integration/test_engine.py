@@ -288,13 +288,23 @@ def test_bad_decisions_are_refused_and_change_nothing():
 # -- plans and transactions ---------------------------------------------------------------------------------
 
 
-def test_a_changed_plan_stops_the_run_instead_of_skipping_steps():
+def test_a_run_whose_plan_is_not_recorded_waits_for_a_deploy_that_has_it_then_stops_for_staff(settings):
+    settings.DURABLERUNS_MISSING_STEP_GRACE_SECONDS = 600
     run_id = make_run()
     complete(run_id, "first", {})
     RunState.objects.filter(pk=run_id).update(plan_fingerprint="0123456789abcdef")
     services.resume_due()
     run = RunState.objects.get(pk=run_id)
-    assert run.status == RunStatus.FAILED and "plan changed between deploys" in run.reason
+    assert run.status == RunStatus.WAITING and "not recorded, and not this deploy's" in run.reason, run.reason
+    assert run.wake_at is not None and "lacking since" in run.reason
+    assert RunStep.objects.filter(run_id=run_id).count() == 1  # nothing run, nothing counted
+
+    # Still within the grace period (measured from when it was first found lacking): it waits again.
+    services.resume_due(clock=later(120))
+    assert status(run_id) == RunStatus.WAITING
+    services.resume_due(clock=later(601))
+    run = RunState.objects.get(pk=run_id)
+    assert run.status == RunStatus.NEEDS_DECISION and "for more than 10 min" in run.reason, run.reason
     assert RunStep.objects.filter(run_id=run_id).count() == 1
 
 
@@ -414,12 +424,15 @@ def test_what_put_a_step_in_doubt_is_told_to_the_person_who_decides():
     assert attempts(run_id, "third") == [(1, "started")]  # still in doubt, not failed
 
 
-def test_a_run_whose_workflow_left_the_deploy_does_not_read_as_complete():
+def test_a_run_whose_workflow_left_the_deploy_reads_through_its_own_plan():
     run_id = make_run()
     complete(run_id, "first", {})
     RunState.objects.filter(pk=run_id).update(workflow="gone")
     b = durableruns.boundary(run_id)
-    assert not b.plan_known and str(b) == "1 step complete, the rest unknown: this deploy does not have the run's workflow"
+    assert b.plan_known and b.plan == ("first", "second", "third") and str(b) == "1 step complete, 2 steps remaining"
+    RunState.objects.filter(pk=run_id).update(plan_fingerprint="0123456789abcdef")  # a plan never recorded
+    b = durableruns.boundary(run_id)
+    assert not b.plan_known and str(b) == "1 step complete, the rest unknown: the run's plan is not recorded"
 
 
 def test_a_run_started_inside_the_callers_transaction_lives_and_dies_with_it():

@@ -27,6 +27,9 @@ class Command(BaseCommand):
         b = services.boundary_of(run)
         self.stdout.write(f"{run.run_id} ({run.workflow}): {run.status}")
         self.stdout.write(f"  {b.sentence(tz)}")
+        plan = services.run_plan(run)  # the plan the run started under, whatever this deploy has
+        described = plan.describe() if plan else "not recorded"
+        self.stdout.write(f"  plan {run.plan_fingerprint}: {described}")
         if run.reason:
             self.stdout.write(f"  reason: {run.reason}")
         if run.wake_at:
