@@ -243,7 +243,7 @@ class Engine:
     def _settle(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, cause: str = ""
                 ) -> tuple[Intent | None, bool]:
         """Settle an in-doubt attempt by the step's policy; `cause` says what put it in doubt, if it was seen."""
-        signals.send_on_commit(signals.step_in_doubt, RunStep, run_id=state.run_id, workflow=state.workflow.name,
+        signals.send_on_commit(signals.step_in_doubt, RunStep, run_id=state.run_id, workflow=state.claimed.workflow,
                                step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
                                policy=step.policy.value, cause=cause)
         outcome, escalation_open = self._escalation_state(state.run_id, step, attempt)
