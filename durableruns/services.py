@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from durableruns import conf, store
+from durableruns import conf, holdings, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
 from durableruns.engine import RunOutcome, step_timeout
@@ -24,6 +24,7 @@ from durableruns.errors import (
     RunNotFound,
     UnknownWorkflow,
 )
+from durableruns.holdings import Holding
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
 from durableruns.registry import get_workflow
@@ -87,6 +88,28 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
         attempted = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
         return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
     return replace(compute_boundary(plan, attempts), status=run.status)
+
+
+def holdings_of(run: RunState, rows: Iterable[RunStep] | None = None, *, held_only: bool = False
+                ) -> list[Holding]:
+    """What the run holds in other systems, from `rows` or its attempts (releases included); with `held_only`,
+    only what it holds or may hold (what the run page, the queue, the API and show_run list). Empty for a
+    workflow this deploy does not know: its acquisitions are not declared here."""
+    try:
+        workflow = get_workflow(run.workflow)
+    except UnknownWorkflow:
+        return []
+    acquisitions = workflow.acquisitions()
+    if not acquisitions:
+        return []
+    attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
+    found = holdings.assess(workflow.plan, acquisitions, attempts)
+    return holdings.held(found) if held_only else found
+
+
+def run_holdings(run_id: str, *, held_only: bool = False) -> list[Holding]:
+    """Return what a run holds (see holdings_of)."""
+    return holdings_of(get_run(run_id), held_only=held_only)
 
 
 def get_run(run_id: str) -> RunState:
