@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
+
 from durableruns import conf, holdings, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
@@ -27,7 +29,7 @@ from durableruns.errors import (
 from durableruns.holdings import Holding
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
-from durableruns.registry import get_workflow
+from durableruns.registry import get_workflow, workflows
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
@@ -105,6 +107,30 @@ def holdings_of(run: RunState, rows: Iterable[RunStep] | None = None, *, held_on
     attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
     found = holdings.assess(workflow.plan, acquisitions, attempts)
     return holdings.held(found) if held_only else found
+
+
+def with_hold_lapses(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
+    """Annotate each escalation with `hold_lapses_at`: when the first hold its run still has lapses at its far
+    system (completed acquisition + hold_expires_after, unless released or handed on), or None. Computed by the
+    database in the same query, so the queue sorts by it across pages at no extra query."""
+    whens = []
+    for workflow in workflows().values():
+        for acq in workflow.acquisitions():
+            if acq.hold_expires_after is None:
+                continue
+            gone = Q(Exists(RunStep.objects.filter(run_id=OuterRef("run_id"), step=acq.release_step,
+                                                   status="completed")))
+            if acq.released_by:
+                gone |= Q(Exists(RunStep.objects.filter(run_id=OuterRef("run_id"), step=acq.released_by,
+                                                        status="completed")))
+            whens.append(When(Q(step=acq.step, run__workflow=workflow.name) & ~gone,
+                              then=F("finished_at") + Value(acq.hold_expires_after)))
+    if not whens:
+        return escalations.annotate(hold_lapses_at=Value(None, output_field=DateTimeField()))
+    lapses = (RunStep.objects.filter(run_id=OuterRef("run_id"), status="completed")
+              .annotate(lapse=Case(*whens, output_field=DateTimeField())).exclude(lapse=None)
+              .order_by("lapse").values("lapse")[:1])
+    return escalations.annotate(hold_lapses_at=Subquery(lapses, output_field=DateTimeField()))
 
 
 def run_holdings(run_id: str, *, held_only: bool = False) -> list[Holding]:

@@ -59,7 +59,7 @@ def test_each_row_carries_what_deciding_needs(far, as_viewer: Client):
     run_id = purchase_in_doubt()
     escalation = Escalation.objects.get(run_id=run_id)
     html = as_viewer.get(QUEUE).content.decode()
-    assert "6 steps complete, notify_buyer in doubt since" in html  # the run's sentence
+    assert "7 steps complete, notify_buyer in doubt since" in html  # the run's sentence
     assert f"<b>notify_buyer</b> since {escalation.in_doubt_since:%Y-%m-%d %H:%M:%S}" in html
     assert f"<code>{run_id}:notify_buyer</code>" in html  # the effect key
     assert "1 attempt so far" in html

@@ -89,7 +89,7 @@ def test_the_run_page_shows_the_boundary_in_plan_order_and_every_attempt(far, as
     assert f"in doubt since {timezone.localtime(started):%Y-%m-%d %H:%M:%S}" in notify["detail"]
     assert notify["policy"] == "escalate" and notify["escalation"] == escalation
     html = response.content.decode()
-    assert "6 steps complete, notify_buyer in doubt since" in html
+    assert "7 steps complete, notify_buyer in doubt since" in html
     for step in ("charge", "notify_buyer"):
         assert f'data-step="{step}" data-attempt="1"' in html
         assert f"{run_id}:{step}" in html  # the effect key of each attempt

@@ -1,15 +1,15 @@
 """The crash matrix: a real worker process SIGKILLed at every point of the step cycle, for every policy.
 
-For each step of the purchase order under test (quote: re_executable; credit_check, charge, place_order,
-book_shipment: resolvable; notify_buyer: escalate) one run per kill point is started and a worker working only
-that run is armed to die there (DURABLERUNS_CRASH_AT), all at once. The probe log proves each died exactly
+For each step of the purchase order under test (quote: re_executable; credit_check, reserve_stock, charge,
+place_order, book_shipment: resolvable; notify_buyer: escalate) one run per kill point is started and a worker
+working only that run is armed to die there (DURABLERUNS_CRASH_AT), all at once. The probe log proves each died exactly
 where it was armed. Then one resume_runs worker settles every run, staff decide the escalations the way the
 step's docstring says (look in the outbox), and the record and the far systems' ledgers are checked:
 
 - nothing is lost: every run completes; each step has one completed attempt and only the step that was in
   doubt has more than one attempt, exactly as its policy prescribes;
-- nothing is done twice: one effect per key at the portal, the payment provider, the carrier and the credit
-  vendor (which does not deduplicate: we did), and one email per run;
+- nothing is done twice: one effect per key at the portal, the payment provider, the carrier, the warehouse and
+  the credit vendor (which does not deduplicate: we did), and one email per run;
 - a loop redoes at most `every` items, counted item by item by the probe.
 
 A kill "before_intent" of a step lands after the previous step returned and before their shared commit, so the
@@ -53,6 +53,7 @@ POINTS: dict[str, tuple[str, ...]] = {
     # quote has no far effect; its loop is killed between checkpoints instead (never at a multiple of 25)
     "quote": ("before_intent", "after_intent", "loop:7", "loop:173", "loop:239", "after_return"),
     "credit_check": CYCLE,
+    "reserve_stock": CYCLE,
     "charge": CYCLE,
     "place_order": CYCLE,
     "book_shipment": CYCLE,

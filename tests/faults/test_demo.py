@@ -42,10 +42,10 @@ def test_the_demo_kills_resumes_and_ends_with_no_duplicates_while_the_naive_resu
     assert "PO-2026-0041: killed by the demo while pricing its 240 lines" in out
     assert "PO-2026-0043: died just after the supplier portal accepted the order" in out
     assert re.search(r"PO-2026-0041  1 step complete, quote in doubt since \d\d:\d\d, 6 steps remaining", out)
-    assert re.search(r"PO-2026-0044  6 steps complete, notify_buyer in doubt since", out)
+    assert re.search(r"PO-2026-0044  7 steps complete, notify_buyer in doubt since", out)
 
     # The resume, by resume_runs' own lines; every run completed or in the escalation queue.
-    assert "3. Resume: manage.py resume_runs" in out and "PO-2026-0043: completed - all 7 steps complete" in out
+    assert "3. Resume: manage.py resume_runs" in out and "PO-2026-0043: completed - all 8 steps complete" in out
     assert "PO-2026-0044: needs_decision - notify_buyer is in doubt" in out
     section = out.split("Where every run ended:\n", 1)[1].split("\n\n", 1)[0]
     ended = dict(re.findall(r"^   (PO-2026-\d{4})  (\w+) ", section, re.M))
