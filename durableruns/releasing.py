@@ -54,7 +54,7 @@ def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str) ->
         _release_one(engine, state, step, step.releaser, attempts)
         given_back.append(holding.step)
     status = store.end(state.lease, clock=engine.clock)
-    detail = f"{status}: gave back {', '.join(given_back)}" if given_back else f"{status}: nothing held"
+    detail = f"gave back {', '.join(given_back)} before ending" if given_back else "nothing held to give back"
     raise _Stop(RunOutcome(run_id=state.run_id, status=status, detail=detail, steps_run=state.steps_run))
 
 
