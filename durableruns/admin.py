@@ -395,6 +395,9 @@ class RunStateAdmin(ReadOnlyRecord):
         outlived = services.outlived_timeout(run, boundary, now=timezone.now())
         if outlived:
             return format_html('{}<div class="dr-why"><strong>{}</strong></div>', sentence, outlived)
+        if run.ending:
+            return format_html('{}<div class="dr-why"><strong>ending unfinished: gives back what it holds, then '
+                               '{}</strong></div>', sentence, run.ending)
         if not run.reason:
             return format_html("{}", sentence)
         return format_html('{}<div class="dr-why">{}</div>', sentence, Truncator(run.reason).chars(160))

@@ -29,7 +29,7 @@ from durableruns.errors import (
 from durableruns.holdings import Holding
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
-from durableruns.registry import get_workflow, workflows
+from durableruns.registry import Step, get_workflow, workflows
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
@@ -368,16 +368,24 @@ def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:
             f"{timeout.total_seconds():g}s timeout")
 
 
-def step_policy(run: RunState, step: str) -> Policy | None:
+def _declared(run: RunState, step: str) -> Step | None:
+    """The step as this deploy declares it: one of the plan, or the release of one of its acquisitions."""
     try:
-        return get_workflow(run.workflow)[step].policy
-    except (UnknownWorkflow, KeyError):
+        workflow = get_workflow(run.workflow)
+    except UnknownWorkflow:
         return None
+    try:
+        return workflow[step]
+    except KeyError:
+        return workflow.releaser(step)
+
+
+def step_policy(run: RunState, step: str) -> Policy | None:
+    declared = _declared(run, step)
+    return None if declared is None else declared.policy
 
 
 def step_doc(run: RunState, step: str) -> str:
     """The step's docstring (for an escalated step: how a person checks the far system by hand), or ''."""
-    try:
-        return get_workflow(run.workflow)[step].doc
-    except (UnknownWorkflow, KeyError):
-        return ""
+    declared = _declared(run, step)
+    return "" if declared is None else declared.doc

@@ -13,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from durableruns.models import Escalation, RunStep
+from durableruns.models import Escalation, RunState, RunStep
 from tests.admin.records import bulk_purchases
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,3 +86,22 @@ def test_show_run_prints_the_holdings() -> None:
     text = out.getvalue()
     assert "holds:\n  reserve_stock        held" in text
     assert "lapses in" in text and '"id": "reserve_stock_0"' in text
+
+
+def test_an_escalated_release_shows_its_own_policy_and_the_hold_still_held(as_operator: Client) -> None:
+    (run_id,) = bulk_purchases(1, escalate=False)
+    now = timezone.now()
+    RunState.objects.filter(pk=run_id).update(ending="failed")
+    for attempt in (1, 2, 3):
+        RunStep.objects.create(run_id=run_id, step="reserve_stock:release", attempt=attempt, status="failed",
+                               effect_key=f"{run_id}:reserve_stock:release", started_at=now, finished_at=now,
+                               error="FarRejected: the warehouse refused")
+    escalation = Escalation.objects.create(run_id=run_id, step="reserve_stock:release", attempt=3,
+                                           effect_key=f"{run_id}:reserve_stock:release", in_doubt_since=now,
+                                           opened_at=now, reason="reserve_stock:release failed 3 of 3 attempts")
+    queue = as_operator.get(QUEUE).content.decode()
+    assert "<b>reserve_stock</b> held since" in queue and "its release failed (3 attempts)" in queue
+    page = as_operator.get(f"{QUEUE}{escalation.pk}/change/").content.decode()
+    assert "re_executable" in page and "Give the stock back under the release" in page  # its own declaration
+    runs = as_operator.get(RUNS).content.decode()
+    assert "ending unfinished: gives back what it holds, then failed" in runs

@@ -178,3 +178,26 @@ def test_a_release_is_declared_as_a_step_of_its_own() -> None:
         @wf.step(policy="re_executable", release=give_back, released_by="a_")
         def c(ctx: object) -> None:
             return None
+
+
+def test_a_released_by_naming_no_later_step_is_a_system_check_error() -> None:
+    from durableruns import registry
+    from durableruns.checks import check_workflows
+
+    wf = Workflow("holdings-unit-bad")
+
+    def give_back(ctx: object) -> None:
+        return None
+
+    @wf.step(policy="re_executable", release=give_back, released_by="nowhere")
+    def grab(ctx: object) -> None:
+        return None
+
+    try:
+        errors = [m for m in check_workflows() if m.id == "durableruns.E004"]
+        assert [m.msg for m in errors] == [
+            "holdings-unit-bad.grab is released_by 'nowhere', which is not a later step of the plan"
+        ]
+    finally:
+        registry._registry.pop("holdings-unit-bad")
+    assert not [m for m in check_workflows() if m.id == "durableruns.E004"]
