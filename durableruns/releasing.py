@@ -51,8 +51,8 @@ def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str) ->
         ):
             continue  # provably never acquired: nothing to give back
         assert step.releaser is not None  # every acquisition declares one; kept for the type checker
-        _release_one(engine, state, step, step.releaser, attempts)
-        given_back.append(holding.step)
+        if _release_one(engine, state, step, step.releaser, attempts):
+            given_back.append(holding.step)
     status = store.end(state.lease, clock=engine.clock)
     detail = f"gave back {', '.join(given_back)} before ending" if given_back else "nothing held to give back"
     raise _Stop(RunOutcome(run_id=state.run_id, status=status, detail=detail, steps_run=state.steps_run))
@@ -102,8 +102,9 @@ def _settle_acquisition(engine: Engine, state: _Pass, step: Step, attempt: StepA
 
 def _release_one(
     engine: Engine, state: _Pass, acquisition: Step, release: Step, attempts: Sequence[StepAttempt]
-) -> None:
-    """Bring the release of one held acquisition to completed, from wherever its record stands."""
+) -> bool:
+    """Bring the release of one held acquisition to completed, from wherever its record stands; False if staff
+    abandoned it (the hold stays listed, the run goes on with its other releases)."""
     from durableruns.engine import _Stop
 
     mine = sorted((a for a in attempts if a.step == release.name), key=lambda a: a.attempt)
@@ -130,7 +131,9 @@ def _release_one(
                     resolution=Resolution.DECISION,
                     intent_recorded=False,
                 )
-                return
+                return True
+            if decision.action == Outcome.ABANDON:
+                return False  # staff gave up on this release: the hold stays listed as held
             floor = last.attempt
     failures = sum(a.status == "failed" for a in mine if a.attempt > floor)
     crashes = sum(a.status == "started" for a in mine if a.attempt > floor)
@@ -138,7 +141,7 @@ def _release_one(
     if last is not None and last.status == "started":
         verdict = _in_doubt(engine, state, acquisition, release, last, crashes)
         if verdict is None:
-            return
+            return True
         number = last.attempt + 1
     elif last is not None and last.status == "failed" and failures >= release.max_attempts:
         _escalate(engine, state, release, last.attempt, failures, last.finished_at)  # its backoff was served
@@ -174,12 +177,12 @@ def _release_one(
                     renewed_at=engine.clock.now(),
                 )
                 if _in_doubt(engine, state, acquisition, release, in_doubt, crashes) is None:
-                    return
+                    return True
             number += 1
             continue
         testing.reached("after_return", release.name)
         _record(engine, state, acquisition, release, number, result, encoded=encoded)
-        return
+        return True
 
 
 def _in_doubt(

@@ -447,13 +447,13 @@ def _ending_fields(run_id: str, final: str, *, release: str = "") -> dict[str, A
     a worker must give back, else pending with `ending` = `final` (a worker releases, then sets it). Staff act
     outside a worker: the releases are effects, and never run in a web request or inside this transaction.
 
-    Abandoning the escalation of a release itself (`release` names a release step) gives up on that release:
-    the run reaches the status it was ending with, and its holdings still list the hold (nobody pretends it
-    is gone)."""
+    Abandoning the escalation of a release itself (`release` names a release step) gives up on that release
+    only: the run stays ending, a worker goes on with the other releases and then ends it, and its holdings
+    still list the abandoned hold (nobody pretends it is gone)."""
     current = RunState.objects.filter(pk=run_id).values_list("workflow", "ending").get()
     workflow_name, ending = current
     if ending and release.endswith(RELEASE_SUFFIX):
-        return {"status": ending, "ending": ""}
+        return {"status": RunStatus.PENDING}
     try:
         workflow = get_workflow(workflow_name)
     except UnknownWorkflow:

@@ -177,12 +177,21 @@ def test_staff_say_an_escalated_release_happened(far: FarSystems, workers: Worke
 
 
 def test_staff_abandon_an_escalated_release_and_the_hold_stays_listed(far: FarSystems, workers: Workers) -> None:
-    run_id = make_run("holding", {"pay": "reject", "lock:release:reject": 9})
+    # reserve is released first (acquired last); its release is refused every time, so it is escalated
+    run_id = make_run("holding", {"pay": "reject", "reserve:release:reject": 9})
     work(workers)
-    durableruns.decide(run_id, "lock:release", "abandon", by="alice", note="the warehouse will expire it")
+    escalation = Escalation.objects.open().get(run_id=run_id)
+    assert escalation.step == "reserve:release"
+    assert far.warehouse.releases() == []  # lock waits behind it: reverse order is kept
+    durableruns.decide(run_id, "reserve:release", "abandon", by="alice", note="the warehouse will expire it")
+    run = RunState.objects.get(pk=run_id)
+    assert (run.status, run.ending) == (RunStatus.PENDING, RunStatus.FAILED)  # the other release still to do
+    work(workers)
     run = RunState.objects.get(pk=run_id)
     assert (run.status, run.ending) == (RunStatus.FAILED, "")
-    assert holdings(run_id)["lock"] is HoldState.HELD
+    assert released_in_order(far, run_id) == [f"{run_id}:lock:release"]
+    assert holdings(run_id) == {"lock": HoldState.RELEASED, "reserve": HoldState.HELD}  # not pretended gone
+    assert [h.step for h in services.run_holdings(run_id, held_only=True)] == ["reserve"]
 
 
 @pytest.mark.parametrize("release", RELEASES)
