@@ -567,7 +567,7 @@ class EscalationAdmin(ReadOnlyRecord):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return EscalationChangeList
 
-    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+    def get_ordering(self, request: HttpRequest) -> tuple[Any, ...]:
         """Open ones whose holds lapse soonest first (what waiting costs), then oldest first (the longest wait);
         decided ones latest decision first."""
         if request.GET.get(DecisionStateFilter.parameter_name) == "decided":
