@@ -158,9 +158,9 @@ def test_a_plan_changed_between_deploys_stops_an_in_flight_run_without_acting(
 
     out = resume(workers, DEPLOY_V2)
     assert f"{run_id}: failed - plan changed between deploys" in out, out
-    assert "reserve_stock (resolvable)" in out and "nothing was skipped or reordered" in out
+    assert "confirm_budget (resolvable)" in out and "nothing was skipped or reordered" in out
     assert attempts(run_id, "charge") == [(1, "started", "")]  # not looked up, not run again
-    assert not RunStep.objects.filter(run_id=run_id, step="reserve_stock").exists()
+    assert not RunStep.objects.filter(run_id=run_id, step="confirm_budget").exists()
     assert far.payments.count() == 0
 
     # v1 is restored and staff retry: the in-doubt charge is settled by its policy, then the run completes once.
