@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django import forms
@@ -21,7 +21,7 @@ from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -35,6 +35,7 @@ from django.utils.timesince import timesince
 from durableruns import services
 from durableruns.boundary import Boundary, StepAttempt, Zone
 from durableruns.errors import AlreadyDecided, DurableRunsError
+from durableruns.holdings import HoldState, lapse_phrase
 from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunStatus, RunStep, StepStatus
 from durableruns.policies import Outcome
 from durableruns.querysets import EscalationQuerySet, RunStateQuerySet
@@ -131,6 +132,36 @@ def holds(boundary: Boundary) -> list[dict[str, Any]]:
         latest = boundary.latest[step]
         out.append({"step": step, "summary": summarize(latest.result, skip=[latest.effect_key]),
                     "json": pretty_json(latest.result)})
+    return out
+
+
+# A hold that lapses within this long is flagged on the queue: waiting longer costs the run what it holds.
+LAPSES_SOON = timedelta(hours=1)
+
+
+def holding_rows(run: RunState, rows: Iterable[RunStep] | None = None) -> list[dict[str, Any]]:
+    """What the run holds (or may hold) in other systems, each with its recorded result, since when, and when
+    the far system drops it on its own: the run page, the queue and the escalation page show these."""
+    now = timezone.now()
+    tz = timezone.get_current_timezone()
+    out = []
+    for h in services.holdings_of(run, rows, held_only=True):
+        left = h.lapses_in(now)
+        possibly = h.state is HoldState.POSSIBLY_HELD
+        line = ("possibly held: in doubt" if possibly else "held") + (
+            f" since {h.since.astimezone(tz):%H:%M}" if h.since else "")
+        if possibly:
+            line += "; a lookup decides" if h.has_lookup else "; no lookup: check the far system by hand"
+        if left is not None and not possibly:
+            line += f", {lapse_phrase(left)}"
+        if h.release_status == "failed":
+            line += f"; its release failed ({h.release_attempts} attempt{'s' if h.release_attempts != 1 else ''})"
+        elif h.release_status == "started":
+            line += "; its release is in doubt"
+        out.append({"step": h.step, "line": line, "summary": summarize(h.result, skip=[]),
+                    "json": pretty_json(h.result), "since": h.since, "expires_at": h.expires_at,
+                    "possibly": possibly, "lapsing": left is not None and left <= LAPSES_SOON,
+                    "lapsed": left is not None and left <= timedelta(0)})
     return out
 
 
@@ -390,6 +421,9 @@ class RunStateAdmin(ReadOnlyRecord):
         outlived = services.outlived_timeout(run, boundary, now=timezone.now())
         if outlived:
             return format_html('{}<div class="dr-why"><strong>{}</strong></div>', sentence, outlived)
+        if run.ending:
+            return format_html('{}<div class="dr-why"><strong>ending unfinished: gives back what it holds, then '
+                               '{}</strong></div>', sentence, run.ending)
         if not run.reason:
             return format_html("{}", sentence)
         return format_html('{}<div class="dr-why">{}</div>', sentence, Truncator(run.reason).chars(160))
@@ -437,6 +471,8 @@ class RunStateAdmin(ReadOnlyRecord):
             "sentence": f"{_sentence(boundary)}. {outlived}" if outlived else _sentence(boundary),
             "steps": steps,
             "attempt_count": len(rows),
+            "holdings": holding_rows(run, rows),
+            "ending": run.ending,
             "escalations": escalations,
             "interventions": list(run.interventions.all()),
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
@@ -562,16 +598,17 @@ class EscalationAdmin(ReadOnlyRecord):
         return request.user.has_perm("durableruns.decide_escalation")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).select_related("run", "decision")
+        return services.with_hold_lapses(super().get_queryset(request).select_related("run", "decision"))
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return EscalationChangeList
 
-    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
-        """Open ones oldest first (the longest wait on top); decided ones latest decision first."""
+    def get_ordering(self, request: HttpRequest) -> tuple[Any, ...]:
+        """Open ones whose holds lapse soonest first (what waiting costs), then oldest first (the longest wait);
+        decided ones latest decision first."""
         if request.GET.get(DecisionStateFilter.parameter_name) == "decided":
             return ("-decision__decided_at",)
-        return ("opened_at",)
+        return (F("hold_lapses_at").asc(nulls_last=True), "opened_at")
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"title": "Escalation queue",
@@ -605,13 +642,15 @@ class EscalationAdmin(ReadOnlyRecord):
         doc = " ".join(services.step_doc(e.run, e.step).split())
         return format_html('<div class="dr-doc">{}</div>', doc or "The step has no docstring to say how.")
 
-    @admin.display(description="the run holds meanwhile")
+    @admin.display(description="the run holds meanwhile", ordering="hold_lapses_at")
     def the_run_holds(self, e: Escalation) -> SafeString:
-        held = holds(_boundary(e.run))
+        held = holding_rows(e.run, e.run.attempts.all())
         if not held:
-            return format_html('<span class="dr-why">{}</span>', "nothing yet")
-        return format_html('<ul class="dr-holds">{}</ul>',
-                           format_html_join("", "<li><b>{}</b> {}</li>", ((h["step"], h["summary"]) for h in held)))
+            return format_html('<span class="dr-why">{}</span>', "nothing in another system")
+        items = ((badge("lapsed" if h["lapsed"] else "lapses soon", "alert") if h["lapsing"] else "", h["step"],
+                  h["line"], h["summary"]) for h in held)
+        return format_html('<ul class="dr-holds">{}</ul>', format_html_join(
+            "", '<li>{}<b>{}</b> {}<div class="dr-why">{}</div></li>', items))
 
     @staticmethod
     def decision_display(e: Escalation) -> SafeString:
@@ -695,6 +734,7 @@ class EscalationAdmin(ReadOnlyRecord):
             "attempts": [RunStateAdmin._attempt_row(r) for r in sorted(rows, key=lambda r: r.attempt)
                          if r.step == escalation.step],
             "holds": holds(boundary),
+            "holdings": holding_rows(run, rows),
             "remainder": [s for s in boundary.remainder if s != escalation.step],
             "input_json": pretty_json(run.input),
             "decision": decision,

@@ -29,6 +29,11 @@ def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
                     f"{name}.{step.name} escalates but has no docstring",
                     hint="Staff read the docstring in the escalation queue: say how to check the far system by hand.",
                     id="durableruns.W002"))
+            if step.released_by and step.released_by not in workflow.plan[workflow.plan.index(step.name) + 1:]:
+                messages.append(checks.Error(
+                    f"{name}.{step.name} is released_by {step.released_by!r}, which is not a later step of the plan",
+                    hint="released_by names the later step whose completion gives the hold back (or consumes it).",
+                    id="durableruns.E004"))
     return messages
 
 

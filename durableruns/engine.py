@@ -78,6 +78,7 @@ class _Pass:
 
     claimed: Claimed
     steps: list[Step]  # the run's own plan, with this deploy's functions
+    workflow: Workflow  # this deploy's declaration: its acquisitions' releases (durableruns.releasing)
     boundary: Boundary
     results: dict[str, Any] = field(default_factory=dict)
     steps_run: int = 0
@@ -100,6 +101,11 @@ class _Pass:
             counts = self._tally[step] = [sum(a.status == "failed" for a in mine),
                                           sum(a.status == "started" for a in mine)]
         return counts
+
+    @property
+    def plan_names(self) -> tuple[str, ...]:
+        """The run's own plan, by step name."""
+        return tuple(step.name for step in self.steps)
 
     def floor(self, step: str) -> int:
         if self._floors is None:
@@ -190,7 +196,7 @@ class Engine:
             return self._release(lease, RunStatus.COMPLETED, "")
         store.record_plan(plan, clock=self.clock)  # a no-op once this process knows it is recorded
         steps = [workflow.get(name) or _done_elsewhere(name, policy) for name, policy in plan.steps]
-        state = _Pass(claimed=claimed, steps=steps, boundary=boundary, attempts=attempts)
+        state = _Pass(claimed=claimed, steps=steps, workflow=workflow, boundary=boundary, attempts=attempts)
         state.results = {s: boundary.latest[s].result for s in boundary.done}
         try:
             return self._drive(state)
@@ -205,6 +211,8 @@ class Engine:
     # -- the pass ----------------------------------------------------------------------------------------
 
     def _drive(self, state: _Pass) -> RunOutcome:
+        if state.claimed.ending:  # a run ending unfinished gives back what it holds, then ends
+            return self._end_unfinished(state, state.claimed.ending, reason="")
         plan = state.steps
         # Committed together with the previous step's result, or for the first step of a fresh run, the claim.
         pending_intent: Intent | None = state.claimed.first_intent
@@ -283,8 +291,8 @@ class Engine:
         if action in (Action.HOLD, Action.STOP):
             raise _Stop(self._release(lease, RunStatus.NEEDS_DECISION, verdict.reason))
         if action is Action.CANCEL:
-            raise _Stop(self._release(lease, RunStatus.CANCELLED, verdict.reason))
-        raise _Stop(self._release(lease, RunStatus.FAILED, f"{step.name}: {verdict.reason}"))
+            raise _Stop(self._end_unfinished(state, RunStatus.CANCELLED, verdict.reason))
+        raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {verdict.reason}"))
 
     def _run_until_settled(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
                            plan: list[Step]) -> Intent | None:
@@ -366,8 +374,9 @@ class Engine:
             if verdict.action is Action.RUN:
                 return self._fresh_intent(state, step, index, attempt=intent.attempt + 1,
                                           restored=attempt if attempt.loop_cursor else None), False
-            status = RunStatus.WAITING if verdict.action is Action.WAIT else RunStatus.FAILED
-            raise _Stop(self._release(state.lease, status, f"{step.name}: {error}; {verdict.reason}",
+            if verdict.action is not Action.WAIT:
+                raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
+            raise _Stop(self._release(state.lease, RunStatus.WAITING, f"{step.name}: {error}; {verdict.reason}",
                                    wake_at=verdict.until))
         # The call may have reached the far system: the attempt stays started (in doubt) and goes through
         # its policy, exactly as if the process had died here (and counts against the crash budget as such).
@@ -376,6 +385,14 @@ class Engine:
         if moved is None:
             return None
         return moved, False
+
+    # -- ending unfinished (issue 15: durableruns/releasing.py drives the releases) ----------------------
+
+    def _end_unfinished(self, state: _Pass, ending: str, reason: str) -> RunOutcome:
+        """End the run as `ending` (cancelled or failed), first giving back every acquisition it holds."""
+        from durableruns.releasing import end_unfinished  # it drives release steps with this engine's parts
+
+        return end_unfinished(self, state, ending=ending, reason=reason)
 
     # -- helpers -----------------------------------------------------------------------------------------
 

@@ -50,6 +50,10 @@ class RunState(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     wake_at = models.DateTimeField(null=True, blank=True)
     reason = models.TextField(blank=True, default="", help_text="Why the run waits, stopped or failed.")
+    ending = models.CharField(
+        max_length=20, blank=True, default="", db_default="",
+        help_text="Set while a run that ends unfinished gives back what it holds: the status it reaches once "
+                  "its releases are done (cancelled or failed). Empty otherwise.")
     input = models.JSONField(default=dict)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

@@ -48,7 +48,7 @@ WITH claimed AS (
           ORDER BY created_at
           LIMIT 1
             FOR UPDATE SKIP LOCKED)
-  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor),
+  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending),
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
 first AS (
@@ -69,7 +69,7 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
                  'loop_cursor', s.loop_cursor,
                  'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
           FROM run_step s WHERE s.run_id = c.run_id),
-       (SELECT step FROM first), (SELECT effect_key FROM first)
+       (SELECT step FROM first), (SELECT effect_key FROM first), c.ending
   FROM claimed c
 """
 
@@ -252,7 +252,7 @@ def _rowcount(sql: str, params: dict[str, Any]) -> int:
     return int(hot.cursor.rowcount)
 
 
-Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None"]
+Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str]
 # Every time in these statements is the database's now() moved by `shift` (zero outside tests), and a lease runs
 # `lease` from it: no host's clock decides who owns a run (durableruns.clock).
 Times = dict[str, timedelta]
@@ -301,7 +301,7 @@ def claim(*, owner: str, times: Times, first_steps: str,
             if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 raw.execute("ROLLBACK")
             raise
-    return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
+    return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
 
 
 def wake_workers() -> None:

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from durableruns.errors import DeclarationError, Rejected, UnknownWorkflow
+from durableruns.holdings import Acquisition, release_step
 from durableruns.plans import Plan, PlanSteps, fingerprint_of
 from durableruns.policies import Policy
 
@@ -42,6 +43,15 @@ class Step:
     max_attempts: int = 3
     fails_on: tuple[type[BaseException], ...] = ()
     intent: bool = True
+    # An acquisition (a hold in another system) declares how to give it back: its release, as a step of its own.
+    releaser: Step | None = None
+    hold_expires_after: timedelta | None = None
+    released_by: str = ""
+
+    @property
+    def is_acquisition(self) -> bool:
+        """Whether the step acquires something a run that ends unfinished must give back."""
+        return self.releaser is not None
 
     @property
     def doc(self) -> str:
@@ -95,8 +105,18 @@ class Workflow:
         max_attempts: int = 3,
         fails_on: tuple[type[BaseException], ...] | type[BaseException] = (),
         intent: bool = True,
+        release: StepFn | None = None,
+        release_lookup: LookupFn | None = None,
+        hold_expires_after: timedelta | None = None,
+        released_by: str = "",
     ) -> Callable[[StepFn], StepFn]:
-        """Declare the decorated function as the next step; `policy` is required, there is no default."""
+        """Declare the decorated function as the next step; `policy` is required, there is no default.
+
+        With `release=` the step is an acquisition: a run that ends unfinished gives it back by calling `release`
+        (a step named "<step>:release" with its own effect key, re_executable unless `release_lookup=` makes it
+        resolvable). `hold_expires_after` is how long the far system keeps the hold on its own; `released_by`
+        names a later step whose completion gives it back (or consumes it) in the normal course.
+        """
         try:
             chosen = Policy(policy)
         except ValueError:
@@ -110,11 +130,29 @@ class Workflow:
         if max_attempts < 1:
             raise DeclarationError(f"{self.name}: max_attempts must be at least 1")
         rejections = fails_on if isinstance(fails_on, tuple) else (fails_on,)
+        if release is None and (release_lookup is not None or hold_expires_after is not None or released_by):
+            raise DeclarationError(f"{self.name}: release_lookup=, hold_expires_after= and released_by= "
+                                   f"describe an acquisition: declare its release= too")
+        if hold_expires_after is not None and hold_expires_after <= timedelta(0):
+            raise DeclarationError(f"{self.name}: hold_expires_after must be positive")
 
         def register(fn: StepFn) -> StepFn:
             name = fn.__name__
             if name in self._by_name:
                 raise DeclarationError(f"{self.name}: step {name!r} is declared twice")
+            if released_by and released_by in self._by_name:
+                raise DeclarationError(f"{self.name}: {name} is released_by {released_by!r}, which comes before it")
+            releaser = None
+            if release is not None:
+                releaser = Step(
+                    name=release_step(name),
+                    fn=release,
+                    policy=Policy.RESOLVABLE if release_lookup is not None else Policy.RE_EXECUTABLE,
+                    lookup=release_lookup,
+                    timeout=timeout,
+                    max_attempts=max_attempts,
+                    fails_on=rejections,
+                )
             step = Step(
                 name=name,
                 fn=fn,
@@ -125,6 +163,9 @@ class Workflow:
                 max_attempts=max_attempts,
                 fails_on=rejections,
                 intent=intent,
+                releaser=releaser,
+                hold_expires_after=hold_expires_after,
+                released_by=released_by,
             )
             self.steps.append(step)
             _declared()
@@ -164,6 +205,21 @@ class Workflow:
 
     def get(self, name: str) -> Step | None:
         return self._by_name.get(name)
+
+    def acquisitions(self) -> tuple[Acquisition, ...]:
+        """The plan's acquisitions as the pure holdings rules take them."""
+        return tuple(
+            Acquisition(step=s.name, release_step=s.releaser.name, hold_expires_after=s.hold_expires_after,
+                        released_by=s.released_by, has_lookup=s.lookup is not None)
+            for s in self.steps if s.releaser is not None
+        )
+
+    def releaser(self, name: str) -> Step | None:
+        """The release step named `name` ("<step>:release"), if one of this plan's acquisitions declares it."""
+        for s in self.steps:
+            if s.releaser is not None and s.releaser.name == name:
+                return s.releaser
+        return None
 
     def describe(self) -> str:
         return ", ".join(f"{s.name} ({s.policy.value})" for s in self.steps)

@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from durableruns import conf, signals, store
+from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
+
+from durableruns import conf, holdings, signals, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
 from durableruns.engine import RunOutcome, step_timeout
@@ -24,10 +26,11 @@ from durableruns.errors import (
     RunNotFound,
     UnknownWorkflow,
 )
+from durableruns.holdings import Holding
 from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunStatus, RunStep
 from durableruns.plans import Plan, lacking
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
-from durableruns.registry import get_workflow, workflows
+from durableruns.registry import Step, get_workflow, workflows
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
@@ -107,6 +110,52 @@ def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:
     if workflow.fingerprint == plan.fingerprint:
         return ()
     return lacking(plan, workflow.policies(), b.remainder)
+
+
+def holdings_of(run: RunState, rows: Iterable[RunStep] | None = None, *, held_only: bool = False
+                ) -> list[Holding]:
+    """What the run holds in other systems, from `rows` or its attempts (releases included); with `held_only`,
+    only what it holds or may hold (what the run page, the queue, the API and show_run list). Empty for a
+    workflow this deploy does not know: its acquisitions are not declared here."""
+    try:
+        workflow = get_workflow(run.workflow)
+    except UnknownWorkflow:
+        return []
+    acquisitions = workflow.acquisitions()
+    if not acquisitions:
+        return []
+    attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
+    found = holdings.assess(workflow.plan, acquisitions, attempts)
+    return holdings.held(found) if held_only else found
+
+
+def with_hold_lapses(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
+    """Annotate each escalation with `hold_lapses_at`: when the first hold its run still has lapses at its far
+    system (completed acquisition + hold_expires_after, unless released or handed on), or None. Computed by the
+    database in the same query, so the queue sorts by it across pages at no extra query."""
+    whens = []
+    for workflow in workflows().values():
+        for acq in workflow.acquisitions():
+            if acq.hold_expires_after is None:
+                continue
+            gone = Q(Exists(RunStep.objects.filter(run_id=OuterRef("run_id"), step=acq.release_step,
+                                                   status="completed")))
+            if acq.released_by:
+                gone |= Q(Exists(RunStep.objects.filter(run_id=OuterRef("run_id"), step=acq.released_by,
+                                                        status="completed")))
+            whens.append(When(Q(step=acq.step, run__workflow=workflow.name) & ~gone,
+                              then=F("finished_at") + Value(acq.hold_expires_after)))
+    if not whens:
+        return escalations.annotate(hold_lapses_at=Value(None, output_field=DateTimeField()))
+    lapses = (RunStep.objects.filter(run_id=OuterRef("run_id"), status="completed")
+              .annotate(lapse=Case(*whens, output_field=DateTimeField())).exclude(lapse=None)
+              .order_by("lapse").values("lapse")[:1])
+    return escalations.annotate(hold_lapses_at=Subquery(lapses, output_field=DateTimeField()))
+
+
+def run_holdings(run_id: str, *, held_only: bool = False) -> list[Holding]:
+    """Return what a run holds (see holdings_of)."""
+    return holdings_of(get_run(run_id), held_only=held_only)
 
 
 def get_run(run_id: str) -> RunState:
@@ -365,16 +414,31 @@ def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:
             f"{timeout.total_seconds():g}s timeout")
 
 
+def _release_step(run: RunState, step: str) -> Step | None:
+    """The release step `step` ("<acquisition>:release") as this deploy declares it with its acquisition."""
+    try:
+        return get_workflow(run.workflow).releaser(step)
+    except UnknownWorkflow:
+        return None
+
+
 def step_policy(run: RunState, step: str) -> Policy | None:
-    """The policy the run's own plan declares for `step` (None: not in it, or the plan is not recorded)."""
+    """The policy the run's own plan declares for `step`, or for a release step the one its acquisition declares
+    (None: neither, or the plan is not recorded)."""
     plan = run_plan(run)
     policy = plan.policy(step) if plan else None
-    return Policy(policy) if policy else None
+    if policy:
+        return Policy(policy)
+    release = _release_step(run, step)
+    return None if release is None else release.policy
 
 
 def step_doc(run: RunState, step: str) -> str:
     """The step's docstring (for an escalated step: how a person checks the far system by hand), or '': this
     deploy's function of it, where it declares the step with the policy the run's plan has."""
+    release = _release_step(run, step)
+    if release is not None:
+        return release.doc
     try:
         declared = get_workflow(run.workflow).get(step)
     except UnknownWorkflow:

@@ -31,6 +31,7 @@ from durableruns.errors import (
     RunNotFound,
     UnknownWorkflow,
 )
+from durableruns.holdings import RELEASE_SUFFIX, assess, needs_releasing
 from durableruns.models import (
     Escalation,
     Intervention,
@@ -74,6 +75,7 @@ class Claimed:
     input: dict[str, Any]
     attempts: list[StepAttempt] | None = None  # read with the claim where the database allows
     first_intent: Intent | None = None  # the first step's intent, when it rode on the claim's commit
+    ending: str = ""  # set while the run gives back what it holds: the status it reaches afterwards
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,19 +369,20 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                             first_steps=_first_steps_json(first_steps), before_commit=before_first_intent)
         if taken is None:
             return None
-        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key = taken
+        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending = taken
         first = None if first_step is None else Intent(step=first_step, attempt=1, effect_key=str(first_key),
                                                       cursor=0)
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint, input=_decoded(payload) or {},
-                       attempts=[_attempt(a) for a in _decoded(attempts)], first_intent=first)
+                       attempts=[_attempt(a) for a in _decoded(attempts)], first_intent=first,
+                       ending=ending or "")
     with transaction.atomic(durable=True):
         if run_id is None:
             candidates = RunState.objects.claimable(clock.expression())
         else:
             candidates = (RunState.objects.filter(pk=run_id).takeable(clock.expression())
                           .select_for_update(skip_locked=True))
-        row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input").first()
+        row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending").first()
         if row is None:
             return None
         # Conditional on the epoch read: on a database without row locks (SQLite) this is what keeps two
@@ -399,6 +402,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         workflow=row["workflow"],
         plan_fingerprint=row["plan_fingerprint"],
         input=row["input"] or {},
+        ending=row["ending"] or "",
     )
 
 
@@ -564,6 +568,51 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
     signals.run_finished(lease.run_id, status, reason=storable(reason))  # signals: completed, failed, cancelled
 
 
+def _ending_fields(run_id: str, final: str, *, release: str = "") -> dict[str, Any]:
+    """How a staff act that ends a run unfinished sets its status: `final` at once when the run holds nothing
+    a worker must give back, else pending with `ending` = `final` (a worker releases, then sets it). Staff act
+    outside a worker: the releases are effects, and never run in a web request or inside this transaction.
+
+    Abandoning the escalation of a release itself (`release` names a release step) gives up on that release
+    only: the run stays ending, a worker goes on with the other releases and then ends it, and its holdings
+    still list the abandoned hold (nobody pretends it is gone)."""
+    current = RunState.objects.filter(pk=run_id).values_list("workflow", "ending").get()
+    workflow_name, ending = current
+    if ending and release.endswith(RELEASE_SUFFIX):
+        return {"status": RunStatus.PENDING}
+    try:
+        workflow = get_workflow(workflow_name)
+    except UnknownWorkflow:
+        return {"status": final, "ending": ""}
+    acquisitions = workflow.acquisitions()
+    if not acquisitions:
+        return {"status": final, "ending": ""}
+    attempts = [row.to_attempt() for row in RunStep.objects.filter(run_id=run_id)]
+    if needs_releasing(assess(workflow.plan, acquisitions, attempts)):
+        return {"status": RunStatus.PENDING, "ending": final}
+    return {"status": final, "ending": ""}
+
+
+def begin_ending(lease: Lease, *, ending: str, reason: str, clock: Clock = DATABASE) -> None:
+    """Record that the run, still in this worker's hands, ends unfinished as `ending` once it has given back
+    what it holds: a crash from here on resumes the releasing, not the run."""
+    with transaction.atomic(durable=True):
+        _fence(lease, clock, ending=ending, reason=storable(reason))
+
+
+def end(lease: Lease, *, clock: Clock = DATABASE) -> str:
+    """Its releases done, give the run the status it was ending with (the reason already says why)."""
+    with transaction.atomic(durable=True):
+        row = RunState.objects.select_for_update().filter(pk=lease.run_id, epoch=lease.epoch).values_list(
+            "ending", flat=True).first()
+        if row is None:
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        status = row or RunStatus.CANCELLED
+        RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
+            status=status, ending="", wake_at=None, lease_expires_at=None, updated_at=clock.expression())
+    return status
+
+
 def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime | None,
                     reason: str, clock: Clock = DATABASE) -> None:
     """Stop the run for a person: the escalation and the run's needs_decision status in one commit."""
@@ -629,7 +678,8 @@ def record_decision(
             elif action == Intervention.Action.DID_NOT_HAPPEN:
                 run_fields.update(status=RunStatus.PENDING, reason=f"{decided_by}: it did not happen, run again")
             else:
-                run_fields.update(status=RunStatus.CANCELLED, reason=f"abandoned by {decided_by}: {note}")
+                run_fields.update(reason=f"abandoned by {decided_by}: {note}",
+                                  **_ending_fields(escalation.run_id, RunStatus.CANCELLED, release=escalation.step))
             RunState.objects.filter(pk=escalation.run_id).update(**run_fields)
             if run_fields["status"] == RunStatus.PENDING:
                 _wake_workers()
@@ -676,9 +726,13 @@ def record_staff_action(
             raise RunNotActionable(
                 f"cannot {action} a run that is {run.status}", run_id=run_id, status=run.status
             )
+        status_fields: dict[str, Any] = {"status": new_status}
+        if action == Intervention.Action.CANCEL:
+            status_fields = _ending_fields(run_id, new_status)
+            new_status = status_fields["status"]
         RunState.objects.filter(pk=run_id).update(
-            status=new_status, epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None, updated_at=now,
-            reason=f"{action} by {decided_by}: {note}",
+            epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None, updated_at=now,
+            reason=f"{action} by {decided_by}: {note}", **status_fields,
         )
         if new_status == RunStatus.PENDING:
             _wake_workers()

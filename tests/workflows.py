@@ -252,3 +252,54 @@ def check_credit(ctx: Any) -> dict[str, Any]:
     result = LaggingCredit().check(request_id=ctx.effect_key, buyer="Harbour Foods", amount=1000)
     testing.reached("after_effect", "check_credit")
     return result
+
+
+# Two acquisitions at the warehouse, a step that can be told to fail, and one a person decides: what a run that
+# ends unfinished must give back (releases in reverse order of completion), and what it holds meanwhile.
+holding = Workflow("holding")
+
+
+def _give_back(acquired: str) -> Any:
+    def release(ctx: Any) -> dict[str, Any]:
+        if ctx.attempt <= int(ctx.input.get(f"{ctx.step}:reject", 0)):
+            raise Rejected(f"{ctx.step}: the warehouse refused the release")
+        result = systems().warehouse.release(ctx.results[acquired]["reservation_id"], key=ctx.effect_key)
+        testing.reached("after_effect", ctx.step)
+        return result
+
+    release.__name__ = f"release_{acquired}"
+    return release
+
+
+def find_reservation(ctx: Any) -> dict[str, Any] | None:
+    return systems().warehouse.find_reservation(ctx.effect_key)
+
+
+def find_release(ctx: Any) -> dict[str, Any] | None:
+    return systems().warehouse.find_release(ctx.effect_key)
+
+
+@holding.step(policy="re_executable", release=_give_back("lock"), max_attempts=2)
+def lock(ctx: Any) -> dict[str, Any]:
+    result = systems().warehouse.reserve(1, key=ctx.effect_key)
+    testing.reached("after_effect", "lock")
+    return result
+
+
+@holding.step(policy="resolvable", lookup=find_reservation, timeout=TIMEOUT, release=_give_back("reserve"),
+              release_lookup=find_release, hold_expires_after=timedelta(hours=4))
+def reserve(ctx: Any) -> dict[str, Any]:
+    result = systems().warehouse.reserve(3, key=ctx.effect_key)
+    testing.reached("after_effect", "reserve")
+    return result
+
+
+@holding.step(policy="re_executable", max_attempts=2)
+def pay(ctx: Any) -> Any:
+    return _script(ctx)
+
+
+@holding.step(policy="escalate")
+def confirm(ctx: Any) -> Any:
+    """Nobody can look this up; decide by hand."""
+    return _script(ctx)

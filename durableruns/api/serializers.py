@@ -16,6 +16,7 @@ from rest_framework import serializers
 
 from durableruns import services
 from durableruns.boundary import Boundary, Zone
+from durableruns.holdings import HoldState
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
 from durableruns.registry import workflows
 
@@ -328,10 +329,30 @@ class BoundarySerializer(serializers.Serializer):
     )
 
 
+class HoldingSerializer(serializers.Serializer):
+    step = serializers.CharField(help_text="The acquisition: a step declared with release=.")
+    state = serializers.ChoiceField(choices=[(h.value, h.value) for h in HoldState])
+    result = serializers.JSONField(allow_null=True, help_text="What the acquisition recorded (its handle).")
+    since = serializers.DateTimeField(allow_null=True, help_text="When it was acquired (or, in doubt, attempted).")
+    expires_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the far system drops the hold on its own (hold_expires_after), if declared."
+    )
+    release_step = serializers.CharField(help_text="The step its release is recorded under.")
+    release_status = serializers.CharField(
+        allow_blank=True, help_text="The release's latest attempt while still held: started (in doubt) or failed."
+    )
+
+
 class RunDetailSerializer(RunSerializer):
-    """A run in full: its boundary in plan order, every attempt, its escalations and staff acts."""
+    """A run in full: its boundary in plan order, what it holds, every attempt, its escalations and staff acts."""
 
     boundary = serializers.SerializerMethodField()
+    holdings = serializers.SerializerMethodField(
+        help_text="What the run holds or may hold in other systems (held, possibly_held); empty once given back."
+    )
+    ending = serializers.CharField(
+        read_only=True, help_text="While a run that ends unfinished gives back what it holds: the status it reaches."
+    )
     escalations = EscalationSerializer(many=True, read_only=True)
     interventions = InterventionSerializer(many=True, read_only=True)
     attempts = AttemptSerializer(many=True, read_only=True)
@@ -344,11 +365,32 @@ class RunDetailSerializer(RunSerializer):
             "epoch",
             "input",
             "boundary",
+            "ending",
+            "holdings",
             "escalations",
             "interventions",
             "attempts",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(HoldingSerializer(many=True))
+    def get_holdings(self, run: RunState) -> list[dict[str, Any]]:
+        held = services.holdings_of(run, held_only=True)
+        return HoldingSerializer(
+            [
+                {
+                    "step": h.step,
+                    "state": h.state.value,
+                    "result": h.result,
+                    "since": h.since,
+                    "expires_at": h.expires_at,
+                    "release_step": h.release_step,
+                    "release_status": h.release_status,
+                }
+                for h in held
+            ],
+            many=True,
+        ).data
 
     @extend_schema_field(BoundarySerializer)
     def get_boundary(self, run: RunState) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from durableruns import services
+from durableruns.holdings import lapse_phrase
 from durableruns.models import Escalation, RunState, RunStatus, RunStep
 from durableruns.registry import effect_key, get_workflow
 from project.purchasing.far import FarSystems, config_from_env, reset_all, systems
@@ -86,6 +87,7 @@ class Demo:
     def __post_init__(self) -> None:
         self.ids = [reference(41 + i) for i in range(self.runs)]
         self.compared = [reference(41 + self.runs + i) for i in range(COMPARED)]
+        self.abandoned = reference(41 + self.runs + COMPARED)
         self.far: FarSystems = systems()
         self.naive_dir = self.far_dir / "naive"
         self.tz = timezone.get_current_timezone()
@@ -102,6 +104,7 @@ class Demo:
         self.show_record()
         passes = self.resume(self.ids)
         self.show_settled(passes)
+        self.abandon()
         self.show_ledgers()
         self.compare()
         self.show_where_to_look()
@@ -237,6 +240,7 @@ class Demo:
                     f"{escalation.in_doubt_since.astimezone(self.tz):%H:%M:%S}: the email sender keeps no key "
                     "and has no lookup."
                 )
+                self.say(f"     Meanwhile it holds: {self.holds(escalation.run_id)}")
                 self.say(
                     f"     How to check (the step's docstring): look in the sender's outbox for a message whose "
                     f"subject names {escalation.run_id}."
@@ -250,8 +254,68 @@ class Demo:
             self.say("     .venv/bin/python manage.py resume_runs")
         self.say("")
 
+    def abandon(self) -> None:
+        """One more order waits in the queue holding its stock; staff abandon it and a worker gives the stock back."""
+        run_id = self.abandoned
+        self.say("5. Ending unfinished: one more order dies just before emailing the buyer, so it waits in the queue")
+        self.say("   holding its stock reservation (reserve_stock, an acquisition: declared with release=).")
+        services.start_run(
+            "purchase_order", {"reference": run_id, "buyer": "Harbour Foods", "line_count": 10}, run_id=run_id
+        )
+        doomed = self.worker(
+            "--run",
+            run_id,
+            "--lease",
+            str(LEASE),
+            "--worker",
+            f"doomed-{run_id}",
+            DURABLERUNS_CRASH_AT="notify_buyer@after_intent",
+        )
+        doomed.communicate(timeout=60)
+        if doomed.returncode != -signal.SIGKILL:
+            raise DemoError(f"the worker on {run_id} was expected to die; it exited {doomed.returncode}")
+        self.resume([run_id], quiet=True)
+        escalation = Escalation.objects.open().filter(run_id=run_id).first()
+        if escalation is None:
+            raise DemoError(f"{run_id} was expected to wait in the escalation queue")
+        self.say(f"   In the queue: {run_id} {escalation.step}; it holds {self.holds(run_id)}.")
+        services.resolve_escalation(escalation.pk, "abandon", by="demo staff", note="the buyer withdrew the order")
+        run = RunState.objects.get(pk=run_id)
+        self.say(f"   Staff abandon it: the run is now {run.status}, ending as {run.ending}. The admin's decision only")
+        self.say("   records the act; a worker gives the stock back (an effect, never run inside a web request):")
+        for out in self.resume([run_id], quiet=True):
+            for line in out.splitlines():
+                if line.startswith("PO-"):
+                    self.say(f"     {line}")
+        run = RunState.objects.get(pk=run_id)
+        release = RunStep.objects.filter(run_id=run_id, step="reserve_stock:release", status="completed").first()
+        if run.status != RunStatus.CANCELLED or release is None:
+            raise DemoError(f"{run_id} ended {run.status} without releasing its reservation")
+        reserved = self.far.warehouse.find_reservation(effect_key(run_id, "reserve_stock"))
+        given = self.far.warehouse.find_release(release.effect_key)
+        if reserved is None or given is None:
+            raise DemoError(f"the warehouse has no reservation or release for {run_id}")
+        self.say(
+            f"   The warehouse's ledger: reservation {reserved['reservation_id']} given back as {given['release_id']} "
+            f"under the release's own key {release.effect_key}."
+        )
+        self.say("")
+
+    def holds(self, run_id: str) -> str:
+        held = services.run_holdings(run_id, held_only=True)
+        if not held:
+            return "nothing in another system"
+        now = timezone.now()
+        return "; ".join(
+            f"{h.step} ({(h.result or {}).get('reservation_id', '')}) since {h.since.astimezone(self.tz):%H:%M:%S}"
+            + (f", {lapse_phrase(h.expires_at - now)}" if h.expires_at else "")
+            if h.since
+            else h.step
+            for h in held
+        )
+
     def show_ledgers(self) -> None:
-        self.say("5. The far systems' own ledgers (each counts what it actually did, in its own store):")
+        self.say("6. The far systems' own ledgers (each counts what it actually did, in its own store):")
         self.say(f"   {'system':<18}{'effects':>8}{'keys':>6}{'duplicates':>12}")
         total_duplicates = 0
         for name in ("credit", "payments", "portal", "carrier"):
@@ -269,13 +333,34 @@ class Demo:
             f"   {SYSTEM_NAMES['email']:<18}{sum(subjects.values()):>8}{'-':>6}{repeats:>12}"
             "   (no key: counted by subject, one per order at most)"
         )
+        warehouse = self.far.warehouse
+        warehouse_duplicates = sum(warehouse.duplicates().values())
+        total_duplicates += warehouse_duplicates
+        reservations = warehouse.reservations()
+        released = [r for r in reservations if r["released"]]
+        self.say(
+            f"   {'warehouse':<18}{len(warehouse.effects()):>8}{len(warehouse.counts_by_key()):>6}"
+            f"{warehouse_duplicates:>12}   ({len(reservations)} reservations, {len(released)} released)"
+        )
         self.say(f"   duplicates: {total_duplicates}")
         if total_duplicates:
             raise DemoError(f"{total_duplicates} duplicate effect(s) at the far systems")
+        ended = RunState.objects.filter(status__in=(RunStatus.CANCELLED, RunStatus.FAILED)).values_list(
+            "run_id", flat=True
+        )
+        unfinished = {effect_key(run_id, "reserve_stock") for run_id in ended}
+        leaked = [r for r in warehouse.held() if r["key"] in unfinished]
+        kept = [r for r in warehouse.held() if r["key"] not in unfinished]
+        self.say(
+            f"   reservations held: {len(kept)} (by orders that completed or still wait), released: {len(released)} "
+            f"(by orders that ended unfinished), leaked: {len(leaked)}"
+        )
+        if leaked:
+            raise DemoError(f"{len(leaked)} reservation(s) of runs that ended unfinished still held: {leaked}")
         self.say("")
 
     def compare(self) -> None:
-        self.say("6. The mistake the design source starts from: a resume that asks the portal's search")
+        self.say("7. The mistake the design source starts from: a resume that asks the portal's search")
         self.say(f'   "does PO-... exist?" before submitting. {COMPARED} more orders; each worker dies just after the')
         self.say("   portal accepted the order, and a fresh process resumes it right away. The search is served by")
         self.say("   a replica that lags up to 5 s; durableruns asks for the order by its own key, which the portal")
@@ -333,7 +418,7 @@ class Demo:
         self.say("")
 
     def show_where_to_look(self) -> None:
-        self.say("7. Look around:")
+        self.say("8. Look around:")
         self.say(f"   .venv/bin/python manage.py show_run {self.ids[0]}      every attempt of one run")
         self.say("   .venv/bin/python manage.py createsuperuser            then:")
         self.say("   .venv/bin/python manage.py runserver")

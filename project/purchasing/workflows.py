@@ -3,6 +3,8 @@
 Each policy is a claim about a far system: the portal, the payment provider and the carrier can be asked
 about an effect by our own key (resolvable); the credit vendor can too, but its lookup lags a minute, so
 "not found" is trusted only after that; the email sender has no key and no lookup, so a person decides.
+The warehouse's stock reservation is an acquisition: held while the run goes on (and while it waits for a
+person), kept when the order completes, given back when the run ends unfinished.
 """
 
 from __future__ import annotations
@@ -68,6 +70,29 @@ def credit_check(ctx: Any) -> dict[str, Any]:
     testing.reached("after_effect", "credit_check")
     if not result["approved"]:
         raise Rejected(f"credit refused for {order['buyer']}: limit {result['limit']}")
+    return result
+
+
+def release_reservation(ctx: Any) -> dict[str, Any]:
+    """Give the stock back under the release's own key (ctx.results["reserve_stock"]: what the reservation
+    recorded); a repeat under that key releases nothing more."""
+    result = systems().warehouse.release(ctx.results["reserve_stock"]["reservation_id"], key=ctx.effect_key)
+    testing.reached("after_effect", ctx.step)
+    return result
+
+
+@purchase_order.step(
+    policy="resolvable",
+    lookup=by_key("warehouse", "find_reservation"),
+    release=release_reservation,
+    hold_expires_after=timedelta(hours=4),
+    timeout=CALL_TIMEOUT,
+    fails_on=FarRejected,
+)
+def reserve_stock(ctx: Any) -> dict[str, Any]:
+    """Set the order's stock aside at the warehouse under our key; the warehouse keeps it four hours on its own."""
+    result = systems().warehouse.reserve(ctx.results["quote"]["lines"], key=ctx.effect_key)
+    testing.reached("after_effect", "reserve_stock")
     return result
 
 

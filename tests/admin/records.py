@@ -48,7 +48,7 @@ LEASE = 0.3  # seconds: short, so the resume after the "crash" need not wait out
 
 def purchase_in_doubt(reference: str = "PO-2026-0041") -> str:
     """A real purchase_order run against the far systems whose worker died right after notify_buyer's intent
-    commit, then resumed once: six steps done with real ids, notify_buyer escalated. Needs the `far` fixture."""
+    commit, then resumed once: seven steps done with real ids, notify_buyer escalated. Needs the `far` fixture."""
     run_id = services.start_run("purchase_order", {"reference": reference, "buyer": "Acme Ltd", "line_count": 3},
                                 run_id=reference)
 
@@ -72,7 +72,7 @@ def purchase_in_doubt(reference: str = "PO-2026-0041") -> str:
 
 
 def bulk_purchases(count: int, *, start: int = 0, retries: int = 0, escalate: bool = True) -> list[str]:
-    """Write `count` purchase_order runs in a few statements: six steps done (each after `retries` failed
+    """Write `count` purchase_order runs in a few statements: seven steps done (each after `retries` failed
     attempts), notify_buyer in doubt, and (with `escalate`) an open escalation each. For query-count tests."""
     workflow = get_workflow("purchase_order")
     now = timezone.now()
@@ -80,7 +80,7 @@ def bulk_purchases(count: int, *, start: int = 0, retries: int = 0, escalate: bo
     for n in range(start, start + count):
         run_id = f"bulk-{n:05d}"
         runs.append(RunState(run_id=run_id, workflow=workflow.name, plan_fingerprint=workflow.fingerprint,
-                             status=RunStatus.NEEDS_DECISION, cursor=6, input={"reference": f"PO-{n}"},
+                             status=RunStatus.NEEDS_DECISION, cursor=7, input={"reference": f"PO-{n}"},
                              created_at=now - timedelta(seconds=n), updated_at=now))
         for index, step in enumerate(workflow.plan):
             key = effect_key(run_id, step)

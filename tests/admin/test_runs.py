@@ -80,23 +80,23 @@ def test_the_run_page_shows_the_boundary_in_plan_order_and_every_attempt(far, as
     response = as_viewer.get(run_page(run_id))
     assert response.status_code == 200
     steps = response.context["steps"]
-    assert [s["name"] for s in steps] == ["parse_request", "quote", "credit_check", "charge", "place_order",
-                                          "book_shipment", "notify_buyer"]
-    assert ["done" in s["badge"] for s in steps] == [True] * 6 + [False]
+    assert [s["name"] for s in steps] == ["parse_request", "quote", "credit_check", "reserve_stock", "charge",
+                                          "place_order", "book_shipment", "notify_buyer"]
+    assert ["done" in s["badge"] for s in steps] == [True] * 7 + [False]
     notify = steps[-1]
     started = RunStep.objects.get(run_id=run_id, step="notify_buyer").started_at
     assert ">in doubt</span>" in notify["badge"]
     assert f"in doubt since {timezone.localtime(started):%Y-%m-%d %H:%M:%S}" in notify["detail"]
     assert notify["policy"] == "escalate" and notify["escalation"] == escalation
     html = response.content.decode()
-    assert "6 steps complete, notify_buyer in doubt since" in html
+    assert "7 steps complete, notify_buyer in doubt since" in html
     for step in ("charge", "notify_buyer"):
         assert f'data-step="{step}" data-attempt="1"' in html
         assert f"{run_id}:{step}" in html  # the effect key of each attempt
     assert "started, no outcome" in html and "charge_id ch_" in html
     assert f'href="/admin/durableruns/escalation/{escalation.pk}/change/"' in html
     assert "&quot;reference&quot;: &quot;PO-2026-0041&quot;" in html  # the input, pretty
-    assert response.context["attempt_count"] == 7
+    assert response.context["attempt_count"] == 8
 
 
 def test_the_run_page_lists_failed_attempts_errors_and_staff_actions(as_operator: Client):

@@ -17,8 +17,11 @@ from project.purchasing import workflows as po
 
 
 def declare(workflow: Workflow, step: Step, fn: Callable[[Any], Any]) -> None:
+    release = step.releaser
     workflow.step(policy=step.policy, lookup=step.lookup, lookup_lag=step.lookup_lag, timeout=step.timeout,
-                  max_attempts=step.max_attempts, fails_on=step.fails_on, intent=step.intent)(fn)
+                  max_attempts=step.max_attempts, fails_on=step.fails_on, intent=step.intent,
+                  release=release.fn if release else None, release_lookup=release.lookup if release else None,
+                  hold_expires_after=step.hold_expires_after, released_by=step.released_by)(fn)
 
 
 def copy_of(name: str, *, replace: dict[str, Callable[[Any], Any]] | None = None,

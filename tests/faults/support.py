@@ -21,12 +21,14 @@ from project.purchasing.far import FarSystems
 from tests.conftest import ROOT, Workers, wait_until
 
 PLAN: tuple[str, ...] = (
-    "parse_request", "quote", "credit_check", "charge", "place_order", "book_shipment", "notify_buyer",
+    "parse_request", "quote", "credit_check", "reserve_stock", "charge", "place_order", "book_shipment",
+    "notify_buyer",
 )
 POLICY: dict[str, str] = {
     "parse_request": "re_executable",
     "quote": "re_executable",
     "credit_check": "resolvable",
+    "reserve_stock": "resolvable",
     "charge": "resolvable",
     "place_order": "resolvable",
     "book_shipment": "resolvable",
@@ -34,7 +36,8 @@ POLICY: dict[str, str] = {
 }
 # The far system each resolvable step acts on, by its name in FarSystems.
 SYSTEM_OF: dict[str, str] = {
-    "credit_check": "credit", "charge": "payments", "place_order": "portal", "book_shipment": "carrier",
+    "credit_check": "credit", "reserve_stock": "warehouse", "charge": "payments", "place_order": "portal",
+    "book_shipment": "carrier",
 }
 LOOP_EVERY = 25  # the quote step's checkpoint interval (project/purchasing/workflows.py)
 
@@ -174,6 +177,8 @@ def ledger_view(far: FarSystems, step: str, key: str) -> Any:
     if step == "credit_check":
         effects = system.effects(key)
         return {"check_id": f"cc_{effects[0]['id']}"} if effects else None
+    if step == "reserve_stock":
+        return system.find_reservation(key)
     return system.lookup(key)
 
 
@@ -183,11 +188,18 @@ def matches_ledger(step: str, result: Any, view: Any) -> bool:
     return result == view
 
 
+def leaked(far: FarSystems, run_ids: Iterable[str]) -> list[dict[str, Any]]:
+    """Reservations the warehouse still holds for these runs: what runs that ended unfinished must not leave."""
+    mine = {f"{run_id}:reserve_stock" for run_id in run_ids}
+    return [r for r in far.warehouse.held() if r["key"] in mine]
+
+
 def total_effects(far: FarSystems) -> int:
     return sum(system.count() for system in far)
 
 
 def duplicates(far: FarSystems) -> dict[str, dict[str, int]]:
     """Keys holding more than one effect, per keyed system (credit included: it does not deduplicate)."""
-    found = {name: getattr(far, name).duplicates() for name in ("portal", "credit", "payments", "carrier")}
+    found = {name: getattr(far, name).duplicates()
+             for name in ("portal", "credit", "payments", "carrier", "warehouse")}
     return {name: d for name, d in found.items() if d}

@@ -155,11 +155,11 @@ def test_a_deploy_that_inserts_a_step_lets_an_in_flight_run_finish_its_own_plan(
     run_id = start_purchase("PO-redeployed", 405, lines=30)
     crash(workers, run_id, "charge@after_intent", CURRENT)  # charge in doubt, nothing charged yet
 
-    # Deploy v2 inserts reserve_stock before charge: the run started before it finishes its own plan.
+    # Deploy v2 inserts confirm_budget before charge: the run started before it finishes its own plan.
     settle(workers, [run_id], DEPLOY_V2, folder=tmp_path)
     assert run(run_id).status == RunStatus.COMPLETED
     assert attempts(run_id, "charge") == [(1, "started", ""), (2, "completed", "returned")]
-    assert not RunStep.objects.filter(run_id=run_id, step="reserve_stock").exists()  # nothing added
+    assert not RunStep.objects.filter(run_id=run_id, step="confirm_budget").exists()  # nothing added
     assert set(RunStep.objects.filter(run_id=run_id).values_list("step", flat=True)) == set(PLAN)
     assert far.payments.counts_by_key() == {f"{run_id}:charge": 1}
     assert durableruns.boundary(run_id).plan == PLAN  # read through its own plan, whatever this deploy has

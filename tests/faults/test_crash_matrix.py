@@ -1,15 +1,15 @@
 """The crash matrix: a real worker process SIGKILLed at every point of the step cycle, for every policy.
 
-For each step of the purchase order under test (quote: re_executable; credit_check, charge, place_order,
-book_shipment: resolvable; notify_buyer: escalate) one run per kill point is started and a worker working only
-that run is armed to die there (DURABLERUNS_CRASH_AT), all at once. The probe log proves each died exactly
+For each step of the purchase order under test (quote: re_executable; credit_check, reserve_stock, charge,
+place_order, book_shipment: resolvable; notify_buyer: escalate) one run per kill point is started and a worker
+working only that run is armed to die there (DURABLERUNS_CRASH_AT), all at once. The probe log proves each died exactly
 where it was armed. Then one resume_runs worker settles every run, staff decide the escalations the way the
 step's docstring says (look in the outbox), and the record and the far systems' ledgers are checked:
 
 - nothing is lost: every run completes; each step has one completed attempt and only the step that was in
   doubt has more than one attempt, exactly as its policy prescribes;
-- nothing is done twice: one effect per key at the portal, the payment provider, the carrier and the credit
-  vendor (which does not deduplicate: we did), and one email per run;
+- nothing is done twice: one effect per key at the portal, the payment provider, the carrier, the warehouse and
+  the credit vendor (which does not deduplicate: we did), and one email per run;
 - a loop redoes at most `every` items, counted item by item by the probe.
 
 A kill "before_intent" of a step lands after the previous step returned and before their shared commit, so the
@@ -53,6 +53,7 @@ POINTS: dict[str, tuple[str, ...]] = {
     # quote has no far effect; its loop is killed between checkpoints instead (never at a multiple of 25)
     "quote": ("before_intent", "after_intent", "loop:7", "loop:173", "loop:239", "after_return"),
     "credit_check": CYCLE,
+    "reserve_stock": CYCLE,
     "charge": CYCLE,
     "place_order": CYCLE,
     "book_shipment": CYCLE,
@@ -200,3 +201,66 @@ def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
     fault_report(f"crash matrix with {concurrency} thread(s) per worker", {
         "cases": len(cases), "kills": len(crashers), "runs": len(cases), "effects": total_effects(far),
         "duplicates": sum(map(len, duplicates(far).values()))})
+
+
+RELEASE = "reserve_stock:release"
+
+
+@pytest.mark.parametrize("concurrency", [1, 8], ids=["1-thread", "8-threads"])
+def test_a_worker_killed_at_any_point_of_a_release_gives_the_stock_back_once(
+    concurrency: int, far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
+) -> None:
+    """Orders abandoned in the queue give their stock reservation back; the worker releasing each is killed at a
+    point of the release's cycle, and the resume releases it with no second release at the warehouse."""
+    cases = {f"PO-matrix-release-{point}": point for point in CYCLE}
+    for i, run_id in enumerate(cases):
+        start_purchase(run_id, 300 + i, lines=30)
+    probe = Probe(tmp_path / "probe.log")
+    env = dict(PO_ENV, **probe.env())
+
+    # 1. Each order's worker dies just before emailing the buyer: the order waits in the queue, holding its stock.
+    for run_id in cases:
+        proc = workers.start("--run", run_id, "--lease", "1", "--worker", "doomed-notify",
+                             DURABLERUNS_CRASH_AT="notify_buyer@after_intent", **env)
+        proc.communicate(timeout=60)
+        assert proc.returncode == -9, run_id
+    settle(workers, list(cases), env, folder=tmp_path, concurrency=concurrency)
+    for run_id in cases:
+        assert RunState.objects.get(pk=run_id).status == RunStatus.NEEDS_DECISION
+        assert len(far.warehouse.held()) == len(cases)
+
+    # 2. Staff abandon each; the act only marks the run: nothing is released yet.
+    for run_id in cases:
+        durableruns.decide(run_id, "notify_buyer", "abandon", by="alice", note="the buyer withdrew")
+        run = RunState.objects.get(pk=run_id)
+        assert (run.status, run.ending) == (RunStatus.PENDING, RunStatus.CANCELLED)
+    assert far.warehouse.releases() == []
+
+    # 3. One worker per order, each armed to die at its point of the release's cycle.
+    crashers = {
+        run_id: workers.start("--run", run_id, "--lease", "1", "--worker", f"doomed-{point}",
+                              "--concurrency", str(concurrency), DURABLERUNS_CRASH_AT=f"{RELEASE}@{point}", **env)
+        for run_id, point in cases.items()
+    }
+    for run_id, proc in crashers.items():
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == -9, f"{run_id}: not killed (exit {proc.returncode}):\n{out}{err}"
+        assert probe.last_point(proc.pid) == (cases[run_id], RELEASE), f"{run_id}: died elsewhere"
+        released = far.warehouse.find_release(f"{run_id}:{RELEASE}")
+        assert (released is not None) == (cases[run_id] in ("after_effect", "after_return")), run_id
+
+    # 4. Resume: each release completes once, the run is cancelled, and the warehouse holds none of their stock.
+    settle(workers, list(cases), env, folder=tmp_path, concurrency=concurrency)
+    for run_id, point in cases.items():
+        run = RunState.objects.get(pk=run_id)
+        assert (run.status, run.ending) == (RunStatus.CANCELLED, ""), f"{run_id}: {run.status} {run.reason}"
+        rows = [(a, s) for a, s, _ in attempts(run_id, RELEASE)]
+        assert rows == ([(1, "completed")] if point == "before_intent" else [(1, "started"), (2, "completed")])
+        assert len(far.warehouse.effects(f"{run_id}:{RELEASE}")) == 1, run_id
+        result = RunStep.objects.get(run_id=run_id, step=RELEASE, status="completed").result
+        assert result == far.warehouse.find_release(f"{run_id}:{RELEASE}"), run_id
+    assert far.warehouse.held() == [] and len(far.warehouse.releases()) == len(cases)
+    assert duplicates(far) == {}
+    fault_report(f"release crash matrix with {concurrency} thread(s) per worker", {
+        "cases": len(cases), "kills": len(crashers), "releases": len(far.warehouse.releases()),
+        "holds leaked": len(far.warehouse.held())})

@@ -41,16 +41,25 @@ def test_the_demo_kills_resumes_and_ends_with_no_duplicates_while_the_naive_resu
     # The kills, and the sentences read off the record right after them.
     assert "PO-2026-0041: killed by the demo while pricing its 240 lines" in out
     assert "PO-2026-0043: died just after the supplier portal accepted the order" in out
-    assert re.search(r"PO-2026-0041  1 step complete, quote in doubt since \d\d:\d\d, 6 steps remaining", out)
-    assert re.search(r"PO-2026-0044  6 steps complete, notify_buyer in doubt since", out)
+    assert re.search(r"PO-2026-0041  1 step complete, quote in doubt since \d\d:\d\d, 7 steps remaining", out)
+    assert re.search(r"PO-2026-0044  7 steps complete, notify_buyer in doubt since", out)
 
     # The resume, by resume_runs' own lines; every run completed or in the escalation queue.
-    assert "3. Resume: manage.py resume_runs" in out and "PO-2026-0043: completed - all 7 steps complete" in out
+    assert "3. Resume: manage.py resume_runs" in out and "PO-2026-0043: completed - all 8 steps complete" in out
     assert "PO-2026-0044: needs_decision - notify_buyer is in doubt" in out
     section = out.split("Where every run ended:\n", 1)[1].split("\n\n", 1)[0]
     ended = dict(re.findall(r"^   (PO-2026-\d{4})  (\w+) ", section, re.M))
     assert ended == {**{r: "completed" for r in RUN_IDS}, "PO-2026-0044": "needs_decision"}, ended
     assert "The escalation queue (1 waiting for a person)" in out
+    assert re.search(r"Meanwhile it holds: reserve_stock \(rs_\d+\) since \d\d:\d\d:\d\d, lapses in 3 h 5\d min", out)
+
+    # The order abandoned in the queue gives its stock back, through a worker, once.
+    assert re.search(r"In the queue: PO-2026-0049 notify_buyer; it holds reserve_stock \(rs_\d+\)", out), out
+    assert "Staff abandon it: the run is now pending, ending as cancelled." in out
+    assert "PO-2026-0049: cancelled - gave back reserve_stock before ending" in out
+    assert re.search(r"reservation rs_\d+ given back as rl_\d+ under the release's own key "
+                     r"PO-2026-0049:reserve_stock:release", out), out
+    assert re.search(r"reservations held: 5 \(by orders that completed or still wait\), released: 1 .*leaked: 0", out)
 
     # The counts it prints: none for durableruns, some for the naive resume.
     assert "   duplicates: 0" in out
@@ -63,13 +72,20 @@ def test_the_demo_kills_resumes_and_ends_with_no_duplicates_while_the_naive_resu
     # What it left behind says the same: the record...
     with sqlite3.connect(database) as db:
         status = dict(db.execute("SELECT run_id, status FROM run_state"))
-        open_escalations = db.execute("SELECT run_id, step FROM run_escalation").fetchall()
+        open_escalations = db.execute(
+            "SELECT e.run_id, e.step FROM run_escalation e LEFT JOIN run_intervention i ON i.escalation_id = e.id "
+            "WHERE i.id IS NULL").fetchall()
+        abandoned = db.execute("SELECT run_id, action FROM run_intervention").fetchall()
     assert status == {**{r: "completed" for r in RUN_IDS + ["PO-2026-0046", "PO-2026-0047", "PO-2026-0048"]},
-                      "PO-2026-0044": "needs_decision"}
+                      "PO-2026-0044": "needs_decision", "PO-2026-0049": "cancelled"}
     assert open_escalations == [("PO-2026-0044", "notify_buyer")]
+    assert abandoned == [("PO-2026-0049", "abandon")]
     # ...and the ledgers: one effect per key for durableruns, duplicate orders at the naive portal.
     far = systems(directory=tmp_path / "far")
     for name in ("portal", "credit", "payments", "carrier"):
         assert getattr(far, name).duplicates() == {}, name
-        assert len(getattr(far, name).counts_by_key()) == 8, name
+        assert len(getattr(far, name).counts_by_key()) == 9, name  # the abandoned order got as far as shipping
+    assert far.warehouse.duplicates() == {}
+    assert [r["key"] for r in far.warehouse.releases()] == ["PO-2026-0049:reserve_stock:release"]
+    assert {r["key"] for r in far.warehouse.held()} == {f"{r}:reserve_stock" for r in status if r != "PO-2026-0049"}
     assert systems(directory=tmp_path / "far" / "naive").portal.duplicates() != {}

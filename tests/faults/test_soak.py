@@ -2,9 +2,11 @@
 
 Every kill is followed by a restart, as a supervisor would do; the far systems add a little latency and lose
 one reply in a hundred (the effect happened, the caller never heard), so runs are left in doubt both by
-kills and by the far systems themselves. When every run has completed or waits for a person, the ledgers must
-hold exactly one effect per key at the payment provider, the carrier, the portal (and the credit vendor), and
-the record and the ledgers must agree in both directions.
+kills and by the far systems themselves. Meanwhile staff cancel one run in ten, wherever it is, and abandon
+every run that comes to wait for a person: those end unfinished and must give their stock reservation back,
+under workers that keep dying. When every run has completed or been cancelled, the ledgers must hold exactly
+one effect per key at the payment provider, the carrier, the portal, the warehouse (and the credit vendor),
+the record and the ledgers must agree in both directions, and no run that ended unfinished still holds stock.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from durableruns import services
+from durableruns.errors import AlreadyDecided, RunNotActionable
 from durableruns.models import Escalation, RunState, RunStatus, RunStep
 from project.purchasing.far import FarSystems
 from tests.conftest import Workers, wait_until
@@ -28,6 +32,7 @@ from tests.faults.support import (
     SYSTEM_OF,
     Worker,
     duplicates,
+    leaked,
     ledger_view,
     matches_ledger,
     reference,
@@ -42,11 +47,37 @@ RUNS = 200
 LINES = 30  # fewer lines than the real 240 keep the soak short; the loop still checkpoints (at 25)
 SOAK_ENV = dict(PO_ENV, FAR_LATENCY="0.005", FAR_LOST_REPLY_RATE="0.01", PURCHASING_QUOTE_ITEM_SECONDS="0.002")
 KILLING_FOR = 150.0  # seconds of random kills at most; then the survivors finish what is left
-SETTLED = {RunStatus.COMPLETED, RunStatus.NEEDS_DECISION}
+SETTLED = {RunStatus.COMPLETED, RunStatus.CANCELLED}
+CANCELLED_EVERY = 10  # staff cancel runs 5, 15, 25, ... a third of the way into the kills
 
 
 def active() -> int:
-    return RunState.objects.filter(status__in=ACTIVE).count()
+    """Runs not settled yet: due, in hand, waiting, or waiting for a person (whom the soak plays: see below)."""
+    return RunState.objects.filter(status__in=(*ACTIVE, RunStatus.NEEDS_DECISION)).count()
+
+
+def abandon_waiting() -> int:
+    """Staff abandon every run that waits for a decision (on its notify_buyer: they will not check the outbox)."""
+    abandoned = 0
+    for escalation in Escalation.objects.open().filter(step="notify_buyer"):
+        try:
+            services.resolve_escalation(escalation.pk, "abandon", by="soak-staff", note="the buyer withdrew")
+        except (AlreadyDecided, RunNotActionable):
+            continue
+        abandoned += 1
+    return abandoned
+
+
+def cancel_some(run_ids: list[str]) -> int:
+    """Staff cancel one run in ten wherever it stands (a completed one cannot be: it is left alone)."""
+    cancelled = 0
+    for run_id in run_ids[5::CANCELLED_EVERY]:
+        try:
+            services.cancel_run(run_id, by="soak-staff", note="the order was withdrawn")
+        except RunNotActionable:
+            continue
+        cancelled += 1
+    return cancelled
 
 
 @pytest.mark.parametrize("concurrency", [1, 8], ids=["1-thread", "8-threads"])
@@ -65,9 +96,13 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
                      "--lease", "1", "-v", "2", "--concurrency", str(concurrency), **SOAK_ENV)
 
     slots = {"A": launch("A"), "B": launch("B")}
-    kills = 0
+    kills = abandoned = cancelled = 0
     began = time.monotonic()
+    cancel_at = KILLING_FOR / 30
     while active() and time.monotonic() - began < KILLING_FOR:
+        abandoned += abandon_waiting()
+        if cancel_at is not None and time.monotonic() - began >= cancel_at:
+            cancelled, cancel_at = cancel_some(run_ids), None
         time.sleep(rng.uniform(0.2, 1.5) / (3 if concurrency > 1 else 1))  # 8 threads drain 3 times sooner
         slot = rng.choice(sorted(slots))
         victim = slots[slot].proc
@@ -82,6 +117,7 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
 
     deadline = time.monotonic() + 120
     while active() and time.monotonic() < deadline:
+        abandoned += abandon_waiting()
         time.sleep(0.2)
     for worker in slots.values():  # SIGTERM ends --loop cleanly once the command has installed its handler
         wait_until(lambda: worker.out.stat().st_size > 0 or worker.proc.poll() is not None, what="a first pass")
@@ -91,11 +127,13 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
         out, err = worker.output()
         assert worker.proc.returncode == 0 and "Traceback" not in err, err[-4000:]
 
-    # Every run completed or waits for a person; only notify_buyer (escalate) ever waits.
+    # Every run completed, or was cancelled or abandoned by staff and gave back what it held; nobody waits.
     status = Counter(RunState.objects.values_list("status", flat=True))
     assert set(status) <= SETTLED and sum(status.values()) == RUNS, status
-    waiting = list(RunState.objects.filter(status=RunStatus.NEEDS_DECISION).values_list("run_id", flat=True))
-    assert sorted(Escalation.objects.open().values_list("run_id", flat=True)) == sorted(waiting)
+    unfinished = set(RunState.objects.filter(status=RunStatus.CANCELLED).values_list("run_id", flat=True))
+    finished = [run_id for run_id in run_ids if run_id not in unfinished]
+    assert Escalation.objects.open().count() == 0
+    assert not RunState.objects.exclude(ending="").exists()
     assert set(Escalation.objects.values_list("step", flat=True)) <= {"notify_buyer"}
 
     # No step has two completed attempts; the completed steps of a run are a prefix of the plan.
@@ -103,14 +141,31 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
     assert max(completed.values()) == 1
     for run_id in run_ids:
         done = [step for step in PLAN if (run_id, step) in completed]
-        expected = PLAN if run_id not in waiting else PLAN[:-1]
-        assert tuple(done) == expected, (run_id, done)
+        if run_id in unfinished:
+            assert tuple(done) == PLAN[: len(done)] and len(done) < len(PLAN), (run_id, done)
+        else:
+            assert tuple(done) == PLAN, (run_id, done)
 
-    # The ledgers: exactly one effect per key at every keyed system, and each key is one of our runs' steps.
+    # The ledgers: exactly one effect per key at every keyed system, each key one of our runs' steps (or the
+    # release of a reservation); every completed run has one per step.
     assert duplicates(far) == {}
     for step, system in SYSTEM_OF.items():
-        by_key = getattr(far, system).counts_by_key()
-        assert by_key == {f"{run_id}:{step}": 1 for run_id in run_ids}, f"{system}: {len(by_key)} keys"
+        by_key = {k: n for k, n in getattr(far, system).counts_by_key().items() if not k.endswith(":release")}
+        assert set(by_key.values()) <= {1}, f"{system}: {by_key}"
+        assert {f"{run_id}:{step}" for run_id in finished} <= set(by_key), f"{system}: {len(by_key)} keys"
+        assert set(by_key) <= {f"{run_id}:{step}" for run_id in run_ids}, f"{system}: keys of no run"
+
+    # What was held is given back: no run that ended unfinished still holds a reservation; each reservation
+    # of one was released once, by its own key, as its record says; a completed order keeps its stock.
+    assert leaked(far, unfinished) == []
+    releases = {r["key"]: r for r in far.warehouse.releases()}
+    assert set(releases) <= {f"{run_id}:reserve_stock:release" for run_id in unfinished}
+    released = RunStep.objects.filter(step="reserve_stock:release", status="completed")
+    assert sorted(released.values_list("effect_key", flat=True)) == sorted(releases)
+    for key, result in released.values_list("effect_key", "result"):
+        assert result == far.warehouse.find_release(key), key
+    held_keys = {r["key"] for r in far.warehouse.held()}
+    assert held_keys == {f"{run_id}:reserve_stock" for run_id in finished}
 
     # The record agrees with the ledgers: every completed result is the effect the far system holds.
     rows = RunStep.objects.filter(status="completed", step__in=list(SYSTEM_OF)).values_list(
@@ -119,19 +174,21 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
         assert key == f"{run_id}:{step}"
         assert matches_ledger(step, result, ledger_view(far, step, key)), (run_id, step, result)
 
-    # One email per completed run, at most one per run waiting for a decision, none twice.
+    # One email per completed run, at most one per run that ended unfinished, none twice.
     sent = Counter(e["payload"]["subject"] for e in far.email.effects())
     assert max(sent.values()) == 1
     for i, run_id in enumerate(run_ids):
-        if run_id not in waiting:
+        if run_id not in unfinished:
             assert sent[f"{reference(1000 + i)} has shipped"] == 1, run_id
 
     # The soak did what it says: workers died, and runs were really left in doubt and settled.
     left_in_doubt = RunStep.objects.filter(status="started").count()
     by_lookup = RunStep.objects.filter(resolution="lookup").count()
     assert kills >= 10 and left_in_doubt + by_lookup > 0
+    assert cancelled > 0 and len(unfinished) == cancelled + abandoned, (cancelled, abandoned, len(unfinished))
     fault_report(f"soak with {concurrency} thread(s) per worker", {
                           "runs": RUNS, "kills": kills, "effects": total_effects(far),
                           "duplicates": sum(map(len, duplicates(far).values())),
                           "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
-                          "escalated": len(waiting)})
+                          "cancelled": cancelled, "abandoned": abandoned, "reservations released": len(releases),
+                          "holds leaked": len(leaked(far, unfinished))})

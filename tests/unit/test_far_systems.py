@@ -28,6 +28,8 @@ from project.purchasing.far import (
     PaymentProvider,
     PortalConfig,
     SupplierPortal,
+    Warehouse,
+    WarehouseConfig,
     config_from_env,
     reset_all,
     systems,
@@ -354,6 +356,7 @@ def test_systems_use_far_dir_and_reset_all_empties_them(
     far.payments.charge(amount=1, currency="EUR", idempotency_key="k")
     far.carrier.book(key="k", address="A", parcels=PARCELS)
     far.email.send(to="a@example.com", subject="S", body="B")
+    far.warehouse.reserve(2, key="k")
 
     assert far.portal.config.search_lag_max == 0.0
     assert sorted(p.name for p in (tmp_path / "ledgers").glob("*.sqlite3")) == [
@@ -362,11 +365,29 @@ def test_systems_use_far_dir_and_reset_all_empties_them(
         "email.sqlite3",
         "payments.sqlite3",
         "portal.sqlite3",
+        "warehouse.sqlite3",
     ]
-    assert [system.count() for system in far] == [1, 1, 1, 1, 1]
+    assert [system.count() for system in far] == [1, 1, 1, 1, 1, 1]
 
     reset_all()
-    assert [system.count() for system in systems()] == [0, 0, 0, 0, 0]
+    assert [system.count() for system in systems()] == [0, 0, 0, 0, 0, 0]
+
+
+def test_the_warehouse_honours_both_keys_and_counts_what_is_held(tmp_path: Path) -> None:
+    warehouse = Warehouse(WarehouseConfig(), tmp_path)
+    first = warehouse.reserve(3, key="run:reserve_stock")
+    assert warehouse.reserve(5, key="run:reserve_stock") == first  # a repeat reserves nothing more
+    other = warehouse.reserve(1, key="other:reserve_stock")
+    assert warehouse.find_reservation("run:reserve_stock") == first
+    assert [r["reservation_id"] for r in warehouse.held()] == [first["reservation_id"], other["reservation_id"]]
+    released = warehouse.release(first["reservation_id"], key="run:reserve_stock:release")
+    assert warehouse.release(first["reservation_id"], key="run:reserve_stock:release") == released
+    assert warehouse.find_release("run:reserve_stock:release") == released
+    assert warehouse.find_release("run:reserve_stock") is None and warehouse.find_reservation("nope") is None
+    assert [r["reservation_id"] for r in warehouse.held()] == [other["reservation_id"]]
+    assert warehouse.duplicates() == {} and len(warehouse.releases()) == 1
+    with pytest.raises(ValueError, match="no reservation"):
+        warehouse.release("rs_999", key="x:release")
 
 
 def test_config_defaults() -> None:

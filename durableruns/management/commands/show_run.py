@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -9,6 +10,7 @@ from django.utils import timezone
 
 from durableruns import services
 from durableruns.errors import RunNotFound
+from durableruns.holdings import lapse_phrase
 from durableruns.models import RunStep
 
 
@@ -34,6 +36,19 @@ class Command(BaseCommand):
             self.stdout.write(f"  reason: {run.reason}")
         if run.wake_at:
             self.stdout.write(f"  wakes at {run.wake_at.astimezone(tz):%Y-%m-%d %H:%M:%S}")
+        if run.ending:
+            self.stdout.write(f"  ending unfinished: gives back what it holds, then it is {run.ending}")
+        held = services.holdings_of(run, held_only=True)
+        self.stdout.write("holds:" if held else "holds: nothing in another system")
+        now = timezone.now()
+        for h in held:
+            line = f"  {h.step:<20} {h.state.value:<13} since={_clock(h.since, tz)}"
+            if h.expires_at:
+                line += f" expires={h.expires_at.astimezone(tz):%Y-%m-%d %H:%M:%S} ({lapse_phrase(h.expires_at - now)})"
+            if h.release_status:
+                line += f" release {h.release_status} ({h.release_attempts} attempt(s))"
+            line += f"\n      result: {json.dumps(h.result, sort_keys=True)}"
+            self.stdout.write(line)
         self.stdout.write("boundary:")
         for step in b.plan:
             self.stdout.write(f"  {step:<20} {b.zone(step).value}")

@@ -1,4 +1,4 @@
-"""Simulations of the five external ("far") systems a purchase run talks to.
+"""Simulations of the six external ("far") systems a purchase run talks to.
 
 Each keeps its own effect ledger in its own SQLite file, committed independently of the run's
 database transaction, so crash tests can count effects per key and detect duplicates.
@@ -17,6 +17,7 @@ from .config import (
     FaultConfig,
     PaymentConfig,
     PortalConfig,
+    WarehouseConfig,
     config_from_env,
 )
 from .credit import CreditVendor
@@ -25,20 +26,22 @@ from .errors import FarRejected, FarSystemError, FarTimeout
 from .ledger import FarSystem, StrPath
 from .payments import PaymentProvider
 from .portal import SupplierPortal
+from .warehouse import Warehouse
 
 
 class FarSystems(NamedTuple):
-    """The five simulated systems, sharing one ledger directory."""
+    """The six simulated systems, sharing one ledger directory."""
 
     portal: SupplierPortal
     credit: CreditVendor
     payments: PaymentProvider
     carrier: Carrier
     email: EmailSender
+    warehouse: Warehouse
 
 
 def systems(config: FarConfig | None = None, directory: StrPath | None = None) -> FarSystems:
-    """Build all five systems from ``config`` (default: ``config_from_env()``).
+    """Build all six systems from ``config`` (default: ``config_from_env()``).
 
     ``directory`` overrides the ledger directory of the configuration.
     """
@@ -50,11 +53,12 @@ def systems(config: FarConfig | None = None, directory: StrPath | None = None) -
         payments=PaymentProvider(loaded.payments, where),
         carrier=Carrier(loaded.carrier, where),
         email=EmailSender(loaded.email, where),
+        warehouse=Warehouse(loaded.warehouse, where),
     )
 
 
 def reset_all(config: FarConfig | None = None, directory: StrPath | None = None) -> None:
-    """Empty the ledgers of all five systems (one transaction per system, not atomic overall)."""
+    """Empty the ledgers of all six systems (one transaction per system, not atomic overall)."""
     for system in systems(config, directory):
         system.reset()
 
@@ -77,6 +81,8 @@ __all__ = [
     "PaymentProvider",
     "PortalConfig",
     "SupplierPortal",
+    "Warehouse",
+    "WarehouseConfig",
     "config_from_env",
     "reset_all",
     "systems",

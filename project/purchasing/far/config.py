@@ -75,12 +75,17 @@ class EmailConfig(FaultConfig):
     """Email sender: only fault injection; it has no lookup at all."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class WarehouseConfig(FaultConfig):
+    """Warehouse: only fault injection; its lookups by key are strongly consistent."""
+
+
 _F = TypeVar("_F", bound=FaultConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
 class FarConfig:
-    """Everything needed to build the five systems: their ledger directory and configs."""
+    """Everything needed to build the six systems: their ledger directory and configs."""
 
     directory: Path
     portal: PortalConfig
@@ -88,6 +93,7 @@ class FarConfig:
     payments: PaymentConfig
     carrier: CarrierConfig
     email: EmailConfig
+    warehouse: WarehouseConfig = WarehouseConfig()
 
 
 # Lowercase keys accepted in settings.FAR_SYSTEMS; the env var is "FAR_" + the key upper-cased.
@@ -193,4 +199,5 @@ def config_from_env(
         payments=build(PaymentConfig),
         carrier=build(CarrierConfig),
         email=build(EmailConfig),
+        warehouse=build(WarehouseConfig),
     )

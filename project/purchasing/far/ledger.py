@@ -58,7 +58,7 @@ def _generator(name: str, seed: int | None) -> random.Random:
 
 
 class FarSystem(ABC, Generic[C]):
-    """Base of the five simulations: owns the SQLite ledger, fault injection and inspection.
+    """Base of the six simulations: owns the SQLite ledger, fault injection and inspection.
 
     Subclasses set ``name`` (the file is ``<directory>/<name>.sqlite3``), may add columns and
     DDL for their own queries, and implement ``_select_config`` to pick their part of
