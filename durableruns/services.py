@@ -189,6 +189,7 @@ def resume_due(
     grace: float | None = None,
     listen: bool = False,
     on_start: Callable[[str], None] | None = None,
+    report_presence: bool = False,
     on_claim: Callable[[float], None] | None = None,
 ) -> PassReport:
     """Claim due runs and work them, with `concurrency` threads, until none is due (or, given a `waker`, until
@@ -203,7 +204,8 @@ def resume_due(
     With a `waker` and `listen` on PostgreSQL (and DURABLERUNS_LISTEN, on by default), idle threads are woken by
     notifications (a new run, a decision) and by a timer for the next wake time or lease expiry, polling every
     `idle_seconds` as the safety net;
-    `on_start` is told how the process picks work up.
+    `on_start` is told how the process picks work up. With `report_presence` (a resume_runs process) it reports
+    itself in run_worker while it works, for health checks.
 
     `on_claim(seconds)`, if given, hears how long each claim took (a worker's metrics); without it nothing is
     timed.
@@ -223,10 +225,11 @@ def resume_due(
     owner = owner or default_owner()
     try:
         with Heartbeat(clock) as heartbeat:
-            presence = Presence(owner, threads=concurrency, clock=clock, in_hand=lambda: len(heartbeat.held()),
-                                pickup=lambda: listener.state if listener is not None else f"polling every "
-                                f"{idle_seconds:g}s" if waker is not None else "one pass (--once)")
-            presence.report()
+            if report_presence:  # a worker process (resume_runs), not a pass called in-process
+                presence = Presence(owner, threads=concurrency, clock=clock, in_hand=lambda: len(heartbeat.held()),
+                                    pickup=lambda: listener.state if listener is not None else f"polling every "
+                                    f"{idle_seconds:g}s" if waker is not None else "one pass (--once)")
+                presence.report()
             watchdog = Watchdog(heartbeat, clock=clock, presence=presence).start()
             pool = WorkerPool(
                 concurrency=concurrency, owner=owner, clock=clock, heartbeat=heartbeat,

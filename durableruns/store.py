@@ -298,14 +298,14 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
                     record_plan(plan, clock=clock)
                 RunState.objects.create(**fields)
                 _wake_workers()  # on the caller's commit: a run rolled back wakes nobody
-            return
-        if plan is not None:
-            record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
-        if _fast():
-            pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
-                             input=to_json(input, what="the input"))
         else:
-            RunState.objects.create(**fields)
+            if plan is not None:
+                record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
+            if _fast():
+                pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
+                                 input=to_json(input, what="the input"))
+            else:
+                RunState.objects.create(**fields)
     except IntegrityError:
         raise DuplicateRun(run_id=run_id) from None
     signals.send_on_commit(signals.run_started, RunState, run_id=run_id, workflow=workflow)  # signals

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench.pg import Databases, recreate_database
 from bench.run import FIGURES
 from tests.conftest import ROOT
 
@@ -30,6 +31,8 @@ def positive(summary: dict[str, Any], what: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     out = tmp_path_factory.mktemp("bench") / "results"
+    # The suite's own app database, made anew: one left by another checkout may carry another migration history.
+    recreate_database(Databases.named("dr_bench_smoke").app)
     proc = subprocess.run([sys.executable, "-m", "bench.run", "--size", "tiny", "--out", str(out),
                            "--db-prefix", "dr_bench_smoke"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -151,10 +151,12 @@ def test_a_worker_serves_its_own_counters_on_its_metrics_port(workers):
     assert got[("durableruns_worker_runs_raised_total", ())] == 0
     assert got[("durableruns_worker_attempts_failed_total", ())] == 3  # `first` refused, max_attempts=3
     assert got[("durableruns_worker_steps_in_doubt_total", ())] == 0
-    assert got[("durableruns_worker_pass_seconds_count", ())] >= 1
-    # Every claim is timed: one per run worked (the rejected one is claimed once per retry pass, at least once),
-    # plus the empty claims that end each pass.
+    # A --loop worker's pass lasts as long as the worker (its threads wait for work between runs): its duration
+    # is observed when it ends, so nothing is counted yet.
+    assert got[("durableruns_worker_pass_seconds_count", ())] == 0
+    # Every claim is timed: one per run worked (the rejected one at least once), plus the empty claims of idle
+    # threads looking for work.
     claims = got[("durableruns_worker_claim_seconds_count", ())]
-    assert claims >= 5 + got[("durableruns_worker_pass_seconds_count", ())] - 1
+    assert claims >= 5
     assert got[("durableruns_worker_claim_seconds_bucket", (("le", "+Inf"),))] == claims
     assert got[("durableruns_worker_claim_seconds_sum", ())] > 0

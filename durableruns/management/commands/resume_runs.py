@@ -78,7 +78,8 @@ class Command(BaseCommand):
                 limit=limit, owner=owner, lease_seconds=lease, run_id=run_id, max_seconds=max_seconds,
                 on_outcome=counters.observing(self._line) if counters else self._line,
                 on_claim=counters.claimed if counters else None, concurrency=threads, stopping=stopping,
-                waker=Waker() if loop else None, idle_seconds=interval, grace=conf.shutdown_grace(), listen=loop,
+                waker=Waker() if loop else None, idle_seconds=interval, report_presence=True,
+                grace=conf.shutdown_grace(), listen=loop,
                 on_start=(lambda how: self.stdout.write(f"{owner}: working, lease {lease:g}s, {how}")) if loop
                 else None)
         except DatabaseError as exc:
