@@ -58,6 +58,10 @@ class Stopping:
 class Waker:
     """Where idle threads wait for work: woken at once by `wake()` (a notification), else after `timeout`.
 
+    A wake rouses one idle thread, not all of them: a notification says "something is due", not how much. The
+    thread that claims a run then wakes the next (WorkerPool._work_due), so a burst of runs fans out over the
+    idle threads one claim at a time, and a single new run costs one claim, not one per idle thread.
+
     A thread takes a ticket before it looks for work and waits with it: a wake that came while it was looking
     (a run started just after its claim found nothing) ends the wait at once instead of being lost."""
 
@@ -70,6 +74,13 @@ class Waker:
             return self._generation
 
     def wake(self) -> None:
+        """Rouse one idle thread (and end the wait of any thread that took its ticket before this)."""
+        with self._condition:
+            self._generation += 1
+            self._condition.notify()
+
+    def wake_all(self) -> None:
+        """Rouse every idle thread: the pool is stopping."""
         with self._condition:
             self._generation += 1
             self._condition.notify_all()
@@ -181,7 +192,7 @@ class WorkerPool:
         self.on_outcome = on_outcome
         self.error: DatabaseError | None = None
         if waker is not None:
-            self.stopping.then(waker.wake)
+            self.stopping.then(waker.wake_all)
         self._in_hand: dict[str, InHand] = {}
         self._lock = threading.Lock()
 
@@ -226,12 +237,11 @@ class WorkerPool:
         engine = Engine(self.clock, heartbeat=self.heartbeat, stopping=self.stopping.is_set)
         try:
             while not self.stopping.is_set() and self.error is None:
-                ticket = self.waker.ticket() if self.waker is not None else 0
-                worked, exhausted = self._work_due(engine, owner)
+                exhausted, ticket = self._work_due(engine, owner)
                 if exhausted or self.waker is None or self.run_id is not None or self._past_deadline():
                     break
-                if not worked:
-                    self.waker.wait(self._idle_timeout(), since=ticket, unless=self.stopping.is_set)
+                # The last claim found nothing; a wake since its ticket (taken before it) ends the wait at once.
+                self.waker.wait(self._idle_timeout(), since=ticket, unless=self.stopping.is_set)
         except DatabaseError as exc:
             self.error = exc
             self.stopping.set()
@@ -251,12 +261,14 @@ class WorkerPool:
             timeout = max(0.0, min(timeout, self.deadline - time.monotonic()))
         return timeout
 
-    def _work_due(self, engine: Engine, owner: str) -> tuple[bool, bool]:
-        """Claim and work runs until none is due; return whether any was, and whether the budget ran out."""
-        worked = False
+    def _work_due(self, engine: Engine, owner: str) -> tuple[bool, int]:
+        """Claim and work runs until none is due; return whether the budget ran out, and the waker's ticket taken
+        before the last claim (the one that found nothing)."""
+        ticket = 0
         while not self.stopping.is_set() and not self._past_deadline():
             if not self.budget.take():
-                return worked, True
+                return True, ticket
+            ticket = self.waker.ticket() if self.waker is not None else 0
             asked = time.monotonic() if self.on_claim is not None else 0.0
             claimed = store.claim(
                 owner=owner,
@@ -271,7 +283,8 @@ class WorkerPool:
             if claimed is None:
                 self.budget.give_back()
                 break
-            worked = True
+            if self.waker is not None and self.run_id is None:
+                self.waker.wake()  # more may be due: the next idle thread looks while this one works
             run_id = claimed.lease.run_id
             with self._lock:
                 self._in_hand[threading.current_thread().name] = InHand(
@@ -295,7 +308,7 @@ class WorkerPool:
                 self.on_outcome(outcome)
             if self.run_id is not None:
                 break
-        return worked, False
+        return False, ticket
 
 
 def _before_first_intent() -> Callable[[str], None] | None:

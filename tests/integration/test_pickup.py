@@ -6,17 +6,19 @@ or by the timer for the next wake time, never by polling.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 import durableruns
+from durableruns import services
 from durableruns.models import Escalation, RunState, RunStatus, WorkerPresence
 from durableruns.worker.listener import Listener
-from durableruns.worker.pool import Waker
+from durableruns.worker.pool import Stopping, Waker
 from tests.conftest import wait_until
 from tests.factories import complete, crash_after_intent, make_run
 
@@ -123,3 +125,42 @@ def test_a_lost_listener_falls_back_to_polling_says_so_once_and_listens_again(wo
     # Each loss said once, each recovery once: not a line per retry.
     lost, back = err.count("listener lost"), err.count("listening on durableruns_due again")
     assert lost >= 1 and lost == back, err
+
+
+def test_a_new_run_rouses_one_idle_thread_not_all_of_them_and_a_burst_fans_out():
+    """Eight idle threads, listening: one new run costs one claim for it and one that finds nothing (the thread
+    that took it wakes the next), not a claim per idle thread; a burst of runs still reaches every thread."""
+    claims: list[tuple[str, float]] = []  # who claimed, when
+
+    def claimed(seconds: float) -> None:
+        claims.append((threading.current_thread().name, time.monotonic()))
+
+    waker, stopping = Waker(), Stopping()
+    started_line: list[str] = []
+
+    def work() -> None:
+        try:
+            services.resume_due(concurrency=8, owner="rouse", waker=waker, stopping=stopping, listen=True,
+                                idle_seconds=30, on_start=started_line.append, on_claim=claimed)
+        finally:
+            connections.close_all()
+
+    pass_ = threading.Thread(target=work)
+    pass_.start()
+    try:
+        wait_until(lambda: started_line and len(claims) >= 8, what="eight threads to look once and go idle")
+        time.sleep(0.3)
+        idle = len(claims)
+        run_id = durableruns.start("scripted", {})
+        wait_until(lambda: status(run_id) == RunStatus.COMPLETED, timeout=10, what="the new run")
+        time.sleep(0.3)
+        assert len(claims) - idle <= 3, claims[idle:]
+        with transaction.atomic():  # one commit, one notification for the eight runs
+            burst = [make_run("pool_napping", {"nap": 0.5}) for _ in range(8)]
+        wait_until(lambda: RunState.objects.filter(pk__in=burst, status=RunStatus.COMPLETED).count() == 8,
+                   timeout=10, what="the burst")
+        owners = set(RunState.objects.filter(pk__in=burst).values_list("owner", flat=True))
+        assert len(owners) >= 6, owners  # worked side by side, not one after another
+    finally:
+        stopping.set()
+        pass_.join(30)
