@@ -7,7 +7,7 @@ A step's latest attempt decides its state; a `started` attempt with no outcome i
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Any
@@ -74,8 +74,13 @@ class Boundary:
         return self.sentence()
 
 
-def compute_boundary(plan: Sequence[str], attempts: Sequence[StepAttempt]) -> Boundary:
-    """Partition `plan` by the latest attempt of each step; attempts of steps not in the plan are ignored."""
+def compute_boundary(
+    plan: Sequence[str], attempts: Sequence[StepAttempt], *, given_back: Collection[str] = ()
+) -> Boundary:
+    """Partition `plan` by the latest attempt of each step; attempts of steps not in the plan are ignored.
+
+    `given_back` names acquisitions whose hold the run gave back (durableruns.holdings.given_back) while it goes
+    on: completed, but not done, since what they acquired is gone; they remain, to be acquired again."""
     latest: dict[str, StepAttempt] = {}
     for a in attempts:
         seen = latest.get(a.step)
@@ -87,7 +92,7 @@ def compute_boundary(plan: Sequence[str], attempts: Sequence[StepAttempt]) -> Bo
     remainder: list[str] = []
     for step in plan:
         last = latest.get(step)
-        if last is not None and last.status == "completed":
+        if last is not None and last.status == "completed" and step not in given_back:
             done.append(step)
             continue
         remainder.append(step)

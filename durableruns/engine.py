@@ -23,6 +23,7 @@ from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
 from durableruns.errors import EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
+from durableruns.holdings import acquisition_round, assess, given_back, release_order, round_key
 from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep
 from durableruns.plans import Plan
 from durableruns.policies import (
@@ -95,8 +96,9 @@ class _Pass:
     def tally(self, step: str) -> list[int]:
         """[failures, crashes] of `step` since staff last gave it a fresh count; the pass adds to it in place."""
         counts = self._tally.get(step)
-        if counts is None:
-            floor = self.floor(step)
+        if counts is None:  # since staff's fresh count, or since it last completed (an acquisition made again)
+            floor = max([self.floor(step), *(a.attempt for a in self.attempts if a.step == step
+                                             and a.status == "completed")])
             mine = [a for a in self.attempts if a.step == step and a.attempt > floor]
             counts = self._tally[step] = [sum(a.status == "failed" for a in mine),
                                           sum(a.status == "started" for a in mine)]
@@ -183,22 +185,28 @@ class Engine:
             workflow = None
         plan = store.plan_of(claimed.workflow, claimed.plan_fingerprint)
         attempts = load_attempts(lease.run_id) if claimed.attempts is None else claimed.attempts
-        boundary = compute_boundary(plan.names if plan else (), attempts)  # once, before any step runs
+        # A run going on after it gave back what it held acquires it again (durableruns.holdings.given_back).
+        again = given_back(workflow.acquisitions(), attempts) if workflow and not claimed.ending else frozenset()
+        # Once, before any step runs.
+        boundary = compute_boundary(plan.names if plan else (), attempts, given_back=again)
         if plan is None:
             return self._leave(claimed, None, (), workflow_missing=workflow is None)
         if workflow is not None and workflow.fingerprint == plan.fingerprint:
             missing: tuple[str, ...] = ()  # this deploy's own plan: the hot path
         else:
             missing = plans.lacking(plan, workflow.policies() if workflow else None, boundary.remainder)
-        if missing:
-            return self._leave(claimed, plan, missing, workflow_missing=workflow is None)
+        # A run ending unfinished needs only its acquisitions' releases, not the steps it will never run.
+        if missing and not (claimed.ending and workflow is not None):
+            return self._leave(claimed, plan, missing, workflow_missing=workflow is None,
+                               workflow=workflow, attempts=attempts, boundary=boundary)
         if workflow is None:  # every step done already: nothing of this deploy's is needed
             return self._release(lease, RunStatus.COMPLETED, "")
         store.record_plan(plan, clock=self.clock)  # a no-op once this process knows it is recorded
-        steps = [workflow.get(name) or _done_elsewhere(name, policy) for name, policy in plan.steps]
-        state = _Pass(claimed=claimed, steps=steps, workflow=workflow, boundary=boundary, attempts=attempts)
-        state.results = {s: boundary.latest[s].result for s in boundary.done}
+        state = self._pass(claimed, plan, workflow, boundary, attempts)
         try:
+            if claimed.ending:  # a run ending unfinished gives back what it holds, then ends
+                return self._end_unfinished(state, claimed.ending, reason="",
+                                            stopped=_stopped_reason(claimed, plan, missing) if missing else "")
             return self._drive(state)
         except _Stop as stop:
             return stop.outcome
@@ -210,9 +218,14 @@ class Engine:
 
     # -- the pass ----------------------------------------------------------------------------------------
 
+    def _pass(self, claimed: Claimed, plan: Plan, workflow: Workflow, boundary: Boundary,
+              attempts: list[StepAttempt]) -> _Pass:
+        steps = [workflow.get(name) or _done_elsewhere(name, policy) for name, policy in plan.steps]
+        state = _Pass(claimed=claimed, steps=steps, workflow=workflow, boundary=boundary, attempts=attempts)
+        state.results = {s: boundary.latest[s].result for s in boundary.done}
+        return state
+
     def _drive(self, state: _Pass) -> RunOutcome:
-        if state.claimed.ending:  # a run ending unfinished gives back what it holds, then ends
-            return self._end_unfinished(state, state.claimed.ending, reason="")
         plan = state.steps
         # Committed together with the previous step's result, or for the first step of a fresh run, the claim.
         pending_intent: Intent | None = state.claimed.first_intent
@@ -242,6 +255,8 @@ class Engine:
         """Decide what the boundary says about this step; return the intent to run, or None if settled."""
         if latest is None:
             return self._fresh_intent(state, step, index, attempt=1), False
+        if latest.status == "completed":  # an acquisition the run gave back: acquired again, under a new key
+            return self._fresh_intent(state, step, index, attempt=latest.attempt + 1), False
         if latest.status == "failed":
             verdict = cap_attempts(Next(action=Action.RUN, reason=f"retrying {step.name} after a failure"),
                                    failures=state.tally(step.name)[0], max_attempts=step.max_attempts)
@@ -388,18 +403,23 @@ class Engine:
 
     # -- ending unfinished (issue 15: durableruns/releasing.py drives the releases) ----------------------
 
-    def _end_unfinished(self, state: _Pass, ending: str, reason: str) -> RunOutcome:
-        """End the run as `ending` (cancelled or failed), first giving back every acquisition it holds."""
+    def _end_unfinished(self, state: _Pass, ending: str, reason: str, *, stopped: str = "") -> RunOutcome:
+        """End the run as `ending` (cancelled or failed; needs_decision for a run stopped for a missing step),
+        first giving back every acquisition it holds. `stopped`: the reason a stopped run ends with, as its
+        deploy now finds it (a release escalated meanwhile has its own)."""
         from durableruns.releasing import end_unfinished  # it drives release steps with this engine's parts
 
-        return end_unfinished(self, state, ending=ending, reason=reason)
+        return end_unfinished(self, state, ending=ending, reason=reason, stopped=stopped)
 
     # -- helpers -----------------------------------------------------------------------------------------
 
     def _fresh_intent(self, state: _Pass, step: Step, index: int, *, attempt: int,
                       restored: StepAttempt | None = None) -> Intent:
+        key = effect_key(state.run_id, step.name)
+        if step.releaser is not None:  # an acquisition made again after it was given back has a key of its own
+            key = round_key(key, acquisition_round(step.acquisition(), state.attempts))
         return Intent(
-            step=step.name, attempt=attempt, effect_key=effect_key(state.run_id, step.name), cursor=index,
+            step=step.name, attempt=attempt, effect_key=key, cursor=index,
             loop_cursor=restored.loop_cursor if restored else 0,
             progress=copy.deepcopy(dict(restored.progress)) if restored else None,
         )
@@ -446,29 +466,50 @@ class Engine:
             return None, True
         return Outcome(decision.action), False
 
-    def _leave(self, claimed: Claimed, plan: Plan | None, missing: tuple[str, ...], *, workflow_missing: bool
-               ) -> RunOutcome:
+    def _leave(self, claimed: Claimed, plan: Plan | None, missing: tuple[str, ...], *, workflow_missing: bool,
+               workflow: Workflow | None = None, attempts: list[StepAttempt] | None = None,
+               boundary: Boundary | None = None) -> RunOutcome:
         """This deploy lacks steps the run still needs (or its whole plan): leave the run, with no attempt and
         nothing counted, for a worker whose deploy has them, and once the grace period has passed since a worker
-        first found it so (the database's clock), stop it for staff."""
+        first found it so (the database's clock), stop it for staff, first giving back what it holds (where this
+        deploy declares the releases). If a deploy with the steps comes back, the run goes on and acquires again
+        what it gave back (durableruns.holdings.given_back)."""
         lease = claimed.lease
         now = self.clock.now()
         reason = RunState.objects.filter(pk=lease.run_id).values_list("reason", flat=True).first() or ""
         since = plans.lacking_since(reason) or now
         grace = conf.missing_step_grace()
         wake_at = plans.after_lacking(since=since, now=now, grace=grace, retry=conf.missing_step_retry())
-        workflow = claimed.workflow if workflow_missing else None
-        if wake_at is None:
-            return self._release(lease, RunStatus.NEEDS_DECISION, plans.stopped_reason(
-                fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, grace=grace, workflow=workflow))
-        return self._release(lease, RunStatus.WAITING, plans.waiting_reason(
-            fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, since=since, workflow=workflow),
-            wake_at=wake_at)
+        named = claimed.workflow if workflow_missing else None
+        if wake_at is not None:
+            return self._release(lease, RunStatus.WAITING, plans.waiting_reason(
+                fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, since=since, workflow=named),
+                wake_at=wake_at)
+        stopped = _stopped_reason(claimed, plan, missing, workflow=named)
+        if (workflow is not None and plan is not None and boundary is not None and attempts is not None
+                and release_order(assess(plan.names, workflow.acquisitions(), attempts))):
+            state = self._pass(claimed, plan, workflow, boundary, attempts)
+            try:
+                return self._end_unfinished(state, RunStatus.NEEDS_DECISION, stopped, stopped=stopped)
+            except _Stop as stop:
+                return stop.outcome
+            except FencedOut as exc:
+                log.warning("run %s: fenced out: %s", lease.run_id, exc)
+                return RunOutcome(run_id=lease.run_id, status="fenced_out", steps_run=state.steps_run,
+                                  detail=f"another worker took the run (epoch {lease.epoch} is stale); wrote nothing")
+        return self._release(lease, RunStatus.NEEDS_DECISION, stopped)
 
     def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
         store.release(lease, status=status, clock=self.clock, wake_at=wake_at, reason=reason)
         detail = f"{reason} (until {wake_at:%H:%M:%S})" if wake_at else reason
         return RunOutcome(run_id=lease.run_id, status=status, detail=detail)
+
+
+def _stopped_reason(claimed: Claimed, plan: Plan | None, missing: tuple[str, ...], *, workflow: str | None = None
+                    ) -> str:
+    """Why a run lacking steps is stopped for staff once the grace period is over."""
+    return plans.stopped_reason(fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing,
+                                grace=conf.missing_step_grace(), workflow=workflow)
 
 
 def _done_elsewhere(name: str, policy: str) -> Step:

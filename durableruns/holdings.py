@@ -26,6 +26,41 @@ def release_step(step: str) -> str:
     return f"{step}{RELEASE_SUFFIX}"
 
 
+def round_key(key: str, round_: int) -> str:
+    """The effect key of an acquisition (or its release) in its `round_`-th holding: the step's own key the first
+    time; a run that gave the hold back and goes on acquires it again under a key of its own (`key#2`), which
+    the far system must not take for the hold it already gave back (nor its release for the first release)."""
+    return key if round_ <= 1 else f"{key}#{round_}"
+
+
+def _completed(attempts: Sequence[StepAttempt], step: str) -> int:
+    return sum(a.step == step and a.status == "completed" for a in attempts)
+
+
+def acquisition_round(acq: Acquisition, attempts: Sequence[StepAttempt]) -> int:
+    """Which holding the next attempt of the acquisition makes: one more than the releases that completed."""
+    return _completed(attempts, acq.release_step) + 1
+
+
+def release_round(acq: Acquisition, attempts: Sequence[StepAttempt]) -> int:
+    """Which holding a release of the acquisition gives back: the latest one acquired."""
+    return _completed(attempts, acq.step)
+
+
+def given_back(acquisitions: Sequence[Acquisition], attempts: Sequence[StepAttempt]) -> frozenset[str]:
+    """The acquisitions whose latest holding was given back: a run that goes on (it was stopped for a missing
+    step, released what it held, and a deploy with the step came back) must acquire them again before the steps
+    that rely on them, rather than carry on with a hold it no longer has."""
+    latest = _latest(attempts)
+    return frozenset(
+        acq.step
+        for acq in acquisitions
+        if (own := latest.get(acq.step)) is not None
+        and own.status == "completed"
+        and _completed(attempts, acq.release_step) >= _completed(attempts, acq.step)
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Acquisition:
     """A step of the plan declared with release=, as the rules need it."""
@@ -108,19 +143,26 @@ def assess(plan: Sequence[str], acquisitions: Sequence[Acquisition], attempts: S
     """Every acquisition of the plan with its state, in plan order, from the run's attempts (releases included)."""
     latest = _latest(attempts)
     completed_run = bool(plan) and all(step in latest and latest[step].status == "completed" for step in plan)
-    release_counts: dict[str, int] = {}
-    for a in attempts:
-        release_counts[a.step] = release_counts.get(a.step, 0) + 1
     out = []
     for acq in acquisitions:
         own = latest.get(acq.step)
         release = latest.get(acq.release_step)
+        # A release gives back the latest holding; one that completed before the acquisition was made again
+        # (the run went on after giving it back) gave back an earlier holding, not this one.
+        releases_done = _completed(attempts, acq.release_step)
+        this_round = [
+            a
+            for a in attempts
+            if a.step == acq.release_step
+            and a.status != "completed"
+            and a.attempt > _last_completed(attempts, acq.release_step)
+        ]
         handed_on = latest.get(acq.released_by) if acq.released_by else None
         state = HoldState.NOT_ACQUIRED
         if own is not None and own.status == "started":
             state = HoldState.POSSIBLY_HELD
         elif own is not None and own.status == "completed":
-            if release is not None and release.status == "completed":
+            if releases_done >= _completed(attempts, acq.step):
                 state = HoldState.RELEASED
             elif handed_on is not None and handed_on.status == "completed":
                 state = HoldState.HANDED_ON
@@ -141,11 +183,15 @@ def assess(plan: Sequence[str], acquisitions: Sequence[Acquisition], attempts: S
                 since=since,
                 expires_at=expires,
                 has_lookup=acq.has_lookup,
-                release_status=release.status if release is not None and release.status != "completed" else "",
-                release_attempts=release_counts.get(acq.release_step, 0),
+                release_status=release.status if release is not None and this_round else "",
+                release_attempts=len(this_round),
             )
         )
     return out
+
+
+def _last_completed(attempts: Sequence[StepAttempt], step: str) -> int:
+    return max((a.attempt for a in attempts if a.step == step and a.status == "completed"), default=0)
 
 
 def held(holdings: Sequence[Holding]) -> list[Holding]:

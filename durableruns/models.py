@@ -53,7 +53,8 @@ class RunState(models.Model):
     ending = models.CharField(
         max_length=20, blank=True, default="", db_default="",
         help_text="Set while a run that ends unfinished gives back what it holds: the status it reaches once "
-                  "its releases are done (cancelled or failed). Empty otherwise.")
+                  "its releases are done (cancelled or failed; needs_decision for a run stopped for a step its "
+                  "deploy lacks). Empty otherwise.")
     input = models.JSONField(default=dict)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

@@ -53,6 +53,13 @@ class Step:
         """Whether the step acquires something a run that ends unfinished must give back."""
         return self.releaser is not None
 
+    def acquisition(self) -> Acquisition:
+        """The step as the pure holdings rules take it (only for an acquisition: a step with a releaser)."""
+        if self.releaser is None:
+            raise DeclarationError(f"{self.name} is not an acquisition: it declares no release=")
+        return Acquisition(step=self.name, release_step=self.releaser.name, hold_expires_after=self.hold_expires_after,
+                           released_by=self.released_by, has_lookup=self.lookup is not None)
+
     @property
     def doc(self) -> str:
         """The step's docstring: for steps that escalate, how a person checks the far system by hand."""
@@ -208,11 +215,7 @@ class Workflow:
 
     def acquisitions(self) -> tuple[Acquisition, ...]:
         """The plan's acquisitions as the pure holdings rules take them."""
-        return tuple(
-            Acquisition(step=s.name, release_step=s.releaser.name, hold_expires_after=s.hold_expires_after,
-                        released_by=s.released_by, has_lookup=s.lookup is not None)
-            for s in self.steps if s.releaser is not None
-        )
+        return tuple(s.acquisition() for s in self.steps if s.releaser is not None)
 
     def releaser(self, name: str) -> Step | None:
         """The release step named `name` ("<step>:release"), if one of this plan's acquisitions declares it."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from durableruns import conf, store, testing
 from durableruns.boundary import StepAttempt
 from durableruns.errors import EffectInTransaction, FencedOut
-from durableruns.holdings import HoldState, assess, release_order
+from durableruns.holdings import HoldState, assess, release_order, release_round, round_key
 from durableruns.models import Escalation, Resolution, RunStatus
 from durableruns.policies import Action, Next, Outcome, Policy, after_failure, cap_crashes
 from durableruns.registry import Step, effect_key
@@ -28,9 +29,14 @@ if TYPE_CHECKING:
     from durableruns.engine import Engine, RunOutcome, _Pass
 
 
-def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str) -> RunOutcome:
+def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str, stopped: str = "") -> RunOutcome:
     """Release what the run holds, then give it the status `ending`; a wait or an escalation stops the pass
-    (the run keeps `ending`, so the next claim goes on releasing)."""
+    (the run keeps `ending`, so the next claim goes on releasing).
+
+    `ending` needs_decision is a run stopped for a step its deploy lacks: it ends stopped, with `stopped` as its
+    reason (what it lacks, what staff can do), so a deploy that has the step reopens it; if the deploy that
+    finished the releasing has the steps again (`stopped` empty), the run goes on at once instead, and acquires
+    again what it gave back."""
     from durableruns.engine import RunOutcome, _Stop, load_attempts
 
     workflow = state.workflow
@@ -46,14 +52,25 @@ def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str) ->
     given_back = []
     for holding in todo:
         step = workflow[holding.step]
-        if holding.state is HoldState.POSSIBLY_HELD and not _settle_acquisition(
-            engine, state, step, latest[holding.step]
-        ):
-            continue  # provably never acquired: nothing to give back
+        if holding.state is HoldState.POSSIBLY_HELD:
+            if not _settle_acquisition(engine, state, step, latest[holding.step]):
+                continue  # provably never acquired: nothing to give back
+            attempts = [*attempts, replace(latest[holding.step], status="completed")]  # found: as now recorded
         assert step.releaser is not None  # every acquisition declares one; kept for the type checker
         if _release_one(engine, state, step, step.releaser, attempts):
             given_back.append(holding.step)
-    status = store.end(state.lease, clock=engine.clock)
+    final: dict[str, str] = {}
+    if ending == RunStatus.NEEDS_DECISION:
+        final = (
+            {"reason": stopped}
+            if stopped
+            else {
+                "status": RunStatus.PENDING,
+                "reason": "this deploy has the steps of the run's plan again: it goes on, acquiring again what it "
+                "gave back",
+            }
+        )
+    status = store.end(state.lease, clock=engine.clock, **final)
     detail = f"gave back {', '.join(given_back)} before ending" if given_back else "nothing held to give back"
     raise _Stop(RunOutcome(run_id=state.run_id, status=status, detail=detail, steps_run=state.steps_run))
 
@@ -107,9 +124,12 @@ def _release_one(
     abandoned it (the hold stays listed, the run goes on with its other releases)."""
     from durableruns.engine import _Stop
 
+    key = round_key(effect_key(state.run_id, release.name), release_round(acquisition.acquisition(), attempts))
     mine = sorted((a for a in attempts if a.step == release.name), key=lambda a: a.attempt)
     last = mine[-1] if mine else None
-    floor = 0  # failures count again after staff said an escalated release did not happen
+    # Failures count again after staff said an escalated release did not happen, and for each new holding: the
+    # releases of one the run gave back before (and then acquired again) are not this release's attempts.
+    floor = max((a.attempt for a in mine if a.status == "completed"), default=0)
     if last is not None and last.status == "failed":
         escalation = (
             Escalation.objects.for_attempt(state.run_id, release.name, last.attempt).select_related("decision").first()
@@ -130,6 +150,7 @@ def _release_one(
                     decision.result or {},
                     resolution=Resolution.DECISION,
                     intent_recorded=False,
+                    key=key,
                 )
                 return True
             if decision.action == Outcome.ABANDON:
@@ -144,12 +165,12 @@ def _release_one(
             return True
         number = last.attempt + 1
     elif last is not None and last.status == "failed" and failures >= release.max_attempts:
-        _escalate(engine, state, release, last.attempt, failures, last.finished_at)  # its backoff was served
+        _escalate(engine, state, release, key, last.attempt, failures, last.finished_at)  # its backoff was served
     while True:
         intent = Intent(
             step=release.name,
             attempt=number,
-            effect_key=effect_key(state.run_id, release.name),
+            effect_key=key,
             cursor=state.plan_names.index(acquisition.name) + 1,
         )
         testing.reached("before_intent", release.name)
@@ -166,7 +187,7 @@ def _release_one(
             if release.is_rejection(exc) or release.policy is Policy.RE_EXECUTABLE:
                 store.record_failure(state.lease, step=release.name, attempt=number, error=error, clock=engine.clock)
                 failures += 1
-                _after_failed(engine, state, release, number, failures, None, error=error)
+                _after_failed(engine, state, release, key, number, failures, None, error=error)
             else:
                 crashes += 1
                 in_doubt = StepAttempt(
@@ -181,7 +202,7 @@ def _release_one(
             number += 1
             continue
         testing.reached("after_return", release.name)
-        _record(engine, state, acquisition, release, number, result, encoded=encoded)
+        _record(engine, state, acquisition, release, number, result, encoded=encoded, key=key)
         return True
 
 
@@ -196,7 +217,16 @@ def _in_doubt(
     if release.policy is Policy.RESOLVABLE:
         verdict = engine._look_up(state, release, attempt)
         if verdict.action is Action.COMPLETE:
-            _record(engine, state, acquisition, release, attempt.attempt, verdict.result, resolution=Resolution.LOOKUP)
+            _record(
+                engine,
+                state,
+                acquisition,
+                release,
+                attempt.attempt,
+                verdict.result,
+                resolution=Resolution.LOOKUP,
+                key=attempt.effect_key,
+            )
             return None
         if verdict.action is Action.WAIT:
             raise _Stop(engine._release(state.lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
@@ -207,7 +237,7 @@ def _in_doubt(
 
 
 def _after_failed(
-    engine: Engine, state: _Pass, release: Step, attempt: int, failures: int, failed_at: Any, error: str = ""
+    engine: Engine, state: _Pass, release: Step, key: str, attempt: int, failures: int, failed_at: Any, error: str = ""
 ) -> None:
     """After an observed failure of a release: again now, later (backoff), or, attempts used up, to staff."""
     from durableruns.engine import _Stop
@@ -225,11 +255,11 @@ def _after_failed(
         raise _Stop(
             engine._release(state.lease, RunStatus.WAITING, f"{release.name}: {verdict.reason}", wake_at=verdict.until)
         )
-    _escalate(engine, state, release, attempt, failures, failed_at, error)
+    _escalate(engine, state, release, key, attempt, failures, failed_at, error)
 
 
 def _escalate(
-    engine: Engine, state: _Pass, release: Step, attempt: int, failures: int, failed_at: Any, error: str = ""
+    engine: Engine, state: _Pass, release: Step, key: str, attempt: int, failures: int, failed_at: Any, error: str = ""
 ) -> None:
     """Stop for staff: the release failed every attempt it has, and the hold may still exist."""
     from durableruns.engine import RunOutcome, _Stop
@@ -243,7 +273,7 @@ def _escalate(
         state.lease,
         step=release.name,
         attempt=attempt,
-        effect_key=effect_key(state.run_id, release.name),
+        effect_key=key,
         in_doubt_since=failed_at,
         reason=reason,
         clock=engine.clock,
@@ -264,6 +294,7 @@ def _record(
     encoded: str | None = None,
     resolution: str = Resolution.RETURNED,
     intent_recorded: bool = True,
+    key: str,
 ) -> None:
     store.record_result(
         state.lease,
@@ -275,6 +306,6 @@ def _record(
         resolution=resolution,
         encoded=encoded,
         intent_recorded=intent_recorded,
-        effect_key=effect_key(state.run_id, release.name),
+        effect_key=key,
     )
     state.steps_run += 1

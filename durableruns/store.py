@@ -600,16 +600,23 @@ def begin_ending(lease: Lease, *, ending: str, reason: str, clock: Clock = DATAB
         _fence(lease, clock, ending=ending, reason=storable(reason))
 
 
-def end(lease: Lease, *, clock: Clock = DATABASE) -> str:
-    """Its releases done, give the run the status it was ending with (the reason already says why)."""
+def end(lease: Lease, *, clock: Clock = DATABASE, status: str | None = None, reason: str | None = None) -> str:
+    """Its releases done, give the run the status it was ending with (the reason already says why), or `status`
+    and `reason` where the engine knows better (a run stopped for a missing step whose deploy has it again)."""
     with transaction.atomic(durable=True):
         row = RunState.objects.select_for_update().filter(pk=lease.run_id, epoch=lease.epoch).values_list(
-            "ending", flat=True).first()
+            "ending", "reason").first()
         if row is None:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
-        status = row or RunStatus.CANCELLED
+        status = status or row[0] or RunStatus.CANCELLED
+        reason = row[1] if reason is None else storable(reason)
         RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
-            status=status, ending="", wake_at=None, lease_expires_at=None, updated_at=clock.expression())
+            status=status, ending="", wake_at=None, lease_expires_at=None, reason=reason,
+            updated_at=clock.expression())
+        if status == RunStatus.PENDING:
+            _wake_workers()
+    if status == RunStatus.FAILED:  # a cancellation was announced at the staff act that asked for it
+        signals.run_finished(lease.run_id, status, reason=reason)
     return status
 
 

@@ -276,10 +276,10 @@ def test_a_bug_inside_durableruns_records_its_reason_and_releases_the_run_with_a
 
     real = engine.compute_boundary
 
-    def buggy(plan, attempts):  # a bug in durableruns that only this run's shape reaches
+    def buggy(plan, attempts, **options):  # a bug in durableruns that only this run's shape reaches
         if plan == ("short", "s" * 250):
             raise RuntimeError("boundary bug")
-        return real(plan, attempts)
+        return real(plan, attempts, **options)
 
     monkeypatch.setattr(engine, "compute_boundary", buggy)
     bad = make_run("deployed_too_long")

@@ -8,17 +8,21 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from durableruns import Workflow
-from durableruns.boundary import StepAttempt
+from durableruns.boundary import StepAttempt, compute_boundary
 from durableruns.errors import DeclarationError
 from durableruns.holdings import (
     Acquisition,
     HoldState,
+    acquisition_round,
     assess,
+    given_back,
     held,
     lapse_phrase,
     needs_releasing,
     release_order,
+    release_round,
     release_step,
+    round_key,
     soonest_lapse,
 )
 from durableruns.policies import Policy
@@ -201,3 +205,26 @@ def test_a_released_by_naming_no_later_step_is_a_system_check_error() -> None:
     finally:
         registry._registry.pop("holdings-unit-bad")
     assert not [m for m in check_workflows() if m.id == "durableruns.E004"]
+
+
+def test_a_hold_given_back_by_a_run_that_goes_on_is_acquired_again_under_a_key_of_its_own() -> None:
+    first = [a("lock", "completed", 1), a("reserve", "completed", 2)]
+    assert given_back(ACQ, first) == frozenset()
+    assert [acquisition_round(acq, first) for acq in ACQ] == [1, 1]
+    assert [release_round(acq, first) for acq in ACQ] == [1, 1]
+    released = [*first, a("reserve:release", "completed", 3), a("lock:release", "completed", 4)]
+    assert given_back(ACQ, released) == {"lock", "reserve"}
+    assert [acquisition_round(acq, released) for acq in ACQ] == [2, 2]
+    assert round_key("po-1:lock", 1) == "po-1:lock" and round_key("po-1:lock", 2) == "po-1:lock#2"
+    # Completed but given back: not done, so the run acquires them again before the steps that rely on them.
+    boundary = compute_boundary(PLAN, released, given_back=given_back(ACQ, released))
+    assert boundary.done == [] and boundary.remainder == list(PLAN) and boundary.in_doubt == []
+    assert compute_boundary(PLAN, released).done == ["lock", "reserve"]  # an ending run's own view
+
+    again = [*released, a("lock", "completed", 5, attempt=2)]
+    assert given_back(ACQ, again) == {"reserve"}
+    states = {h.step: h.state for h in assess(PLAN, ACQ, again)}
+    assert states == {"lock": HoldState.HELD, "reserve": HoldState.RELEASED}  # the first release was not this one
+    assert release_round(ACQ[0], again) == 2  # its release now gives back the second holding, under #2
+    lock = assess(PLAN, ACQ, [*again, a("lock:release", "failed", 6, attempt=2)])[0]
+    assert (lock.state, lock.release_status, lock.release_attempts) == (HoldState.HELD, "failed", 1)
