@@ -31,7 +31,7 @@ from durableruns.errors import (
     RunNotFound,
     UnknownWorkflow,
 )
-from durableruns.holdings import RELEASE_SUFFIX, assess, needs_releasing
+from durableruns.holdings import RELEASE_SUFFIX, assess, given_back, needs_releasing
 from durableruns.models import (
     Escalation,
     Intervention,
@@ -349,8 +349,12 @@ def reopen_runnable(*, clock: Clock = DATABASE) -> int:
         plan = plan_of(run.workflow, run.plan_fingerprint)
         if plan is None:
             continue
-        remainder = compute_boundary(plan.names, [a.to_attempt() for a in run.attempts.all()]).remainder
-        if not lacking(plan, get_workflow(run.workflow).policies(), remainder):
+        workflow = get_workflow(run.workflow)
+        attempts = [a.to_attempt() for a in run.attempts.all()]
+        # What it gave back when it stopped is needed again: this deploy must have those steps too.
+        again = given_back(workflow.acquisitions(), attempts)
+        remainder = compute_boundary(plan.names, attempts, given_back=again).remainder
+        if not lacking(plan, workflow.policies(), remainder):
             ready.append(run.run_id)
     return reopen_runs(ready, reason="this deploy has the steps of the run's plan again", clock=clock)
 

@@ -99,6 +99,15 @@ def test_a_run_whose_step_keeps_being_rejected_sends_failed_with_the_reason(hear
     assert heard.named("run_completed") == []
 
 
+def test_a_failed_run_that_gave_back_its_holds_sends_failed_once_released(heard, far):
+    run = make_run("holding", {"pay": "reject"})  # lock and reserve acquired, then pay refused twice
+    services.resume_due()
+    assert RunState.objects.get(pk=run).status == RunStatus.FAILED
+    assert len(far.warehouse.releases()) == 2
+    [failed] = heard.named("run_failed")
+    assert failed["run_id"] == run and failed["workflow"] == "holding" and "pay" in failed["reason"]
+
+
 def test_a_crashed_attempt_sends_in_doubt_and_an_escalation_opened(heard):
     run = make_run("scripted")
     services.resume_due()  # completed: now craft a run that dies in its escalate-policy step
