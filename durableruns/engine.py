@@ -22,7 +22,7 @@ from durableruns import conf, plans, signals, store, testing
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
-from durableruns.errors import EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
+from durableruns.errors import DeclarationError, EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
 from durableruns.holdings import acquisition_round, assess, given_back, release_order, round_key
 from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep
 from durableruns.plans import Plan
@@ -434,7 +434,8 @@ class Engine:
         return self._fresh_intent(state, nxt, index + 1, attempt=1)
 
     def _look_up(self, state: _Pass, step: Step, attempt: StepAttempt) -> Next:
-        assert step.lookup is not None  # guaranteed by Workflow.step(); kept for the type checker
+        if step.lookup is None:  # Workflow.step() refuses a resolvable step without one
+            raise DeclarationError(f"{step.name} is looked up but declares no lookup=")
         ctx = StepContext(run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
                           effect_key=attempt.effect_key, attempt=attempt.attempt,
                           timeout=step_timeout(step))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from durableruns import conf, store, testing
 from durableruns.boundary import StepAttempt
-from durableruns.errors import EffectInTransaction, FencedOut
+from durableruns.errors import DeclarationError, EffectInTransaction, FencedOut
 from durableruns.holdings import HoldState, assess, release_order, release_round, round_key
 from durableruns.models import Escalation, Resolution, RunStatus
 from durableruns.policies import Action, Next, Outcome, Policy, after_failure, cap_crashes
@@ -56,7 +56,8 @@ def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str, st
             if not _settle_acquisition(engine, state, step, latest[holding.step]):
                 continue  # provably never acquired: nothing to give back
             attempts = [*attempts, replace(latest[holding.step], status="completed")]  # found: as now recorded
-        assert step.releaser is not None  # every acquisition declares one; kept for the type checker
+        if step.releaser is None:  # every acquisition declares one (Workflow.acquisitions)
+            raise DeclarationError(f"{step.name} is held by run {state.run_id} but declares no release=")
         if _release_one(engine, state, step, step.releaser, attempts):
             given_back.append(holding.step)
     final: dict[str, str] = {}

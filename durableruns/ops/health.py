@@ -185,8 +185,9 @@ def check_escalations(now: datetime, limits: Thresholds) -> list[Problem]:
     stats = waiting.aggregate(count=Count("pk"), oldest=Min("opened_at"))
     if not stats["count"]:
         return []
-    oldest = waiting.first()
-    assert oldest is not None  # counted above; kept for the type checker
+    oldest = waiting.order_by("opened_at").first()
+    if oldest is None:  # decided between the count and this read: nothing waits any more
+        return []
     age = now - stats["oldest"]
     return [
         Problem(
