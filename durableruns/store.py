@@ -825,3 +825,39 @@ def reopen_runs(run_ids: list[str], *, reason: str, clock: Clock = DATABASE) -> 
         if moved:
             _wake_workers()
         return moved
+
+
+# -- retention and alerts (durableruns.ops): the other writes, kept here with the rest ---------------------
+
+# Children first: interventions point at escalations, everything points at the run.
+_RUN_TABLES = (
+    ("interventions", Intervention._meta.db_table),
+    ("escalations", Escalation._meta.db_table),
+    ("attempts", RunStep._meta.db_table),
+    ("runs", RunState._meta.db_table),
+)
+
+
+def delete_runs(ids: list[str]) -> dict[str, int]:
+    """Delete the runs `ids` (locked by the caller's transaction) and what hangs on them, by primary key list:
+    plain DELETEs, not Django's collector, which would first read every row (inputs and results included).
+    Return how many rows went from each: interventions, escalations, attempts, runs."""
+    placeholders = ", ".join(["%s"] * len(ids))
+    deleted = {}
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        for counter, table in _RUN_TABLES:
+            cursor.execute(f"DELETE FROM {table} WHERE run_id IN ({placeholders})", ids)  # noqa: S608
+            deleted[counter] = cursor.rowcount
+    return deleted
+
+
+def take_alert_mark(escalation_id: int, *, previous: datetime | None, now: datetime) -> bool:
+    """Mark an open escalation alerted at `now`, only if its mark is still `previous` (what the pass read): of
+    two overlapping passes, one takes it and sends."""
+    return bool(Escalation.objects.filter(pk=escalation_id, alerted_at=previous, decision__isnull=True)
+                .update(alerted_at=now))
+
+
+def give_alert_mark_back(escalation_id: int, *, now: datetime, previous: datetime | None) -> None:
+    """The alert was not sent: put the mark back, so the next pass tries again."""
+    Escalation.objects.filter(pk=escalation_id, alerted_at=now).update(alerted_at=previous)

@@ -21,7 +21,7 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
-from durableruns import conf, services
+from durableruns import conf, services, store
 from durableruns.clock import Clock
 from durableruns.models import Escalation
 from durableruns.ops.health import age_text
@@ -121,14 +121,12 @@ def send_escalation_alerts(*, clock: Clock | None = None) -> AlertReport:
     for escalation in due:
         previous = escalation.alerted_at
         # Take the mark first, conditional on what was read: of two overlapping passes one sends.
-        if not Escalation.objects.filter(pk=escalation.pk, alerted_at=previous, decision__isnull=True).update(
-            alerted_at=now
-        ):
+        if not store.take_alert_mark(escalation.pk, previous=previous, now=now):
             continue
         try:
             message(escalation, now=now, recipients=report.recipients).send(fail_silently=False)
         except Exception as exc:  # an SMTP outage: give the mark back so the next pass tries again
-            Escalation.objects.filter(pk=escalation.pk, alerted_at=now).update(alerted_at=previous)
+            store.give_alert_mark_back(escalation.pk, now=now, previous=previous)
             report.failed.append((escalation.pk, f"{type(exc).__name__}: {exc}"))
             log.error("escalation %s: the alert mail was not sent: %s", escalation.pk, exc)
             continue

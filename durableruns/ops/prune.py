@@ -24,10 +24,10 @@ from datetime import datetime, timedelta
 from typing import IO, Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from durableruns import conf
+from durableruns import conf, store
 from durableruns.clock import Clock
 from durableruns.errors import InvalidInput
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
@@ -125,7 +125,9 @@ def prune(
             else:
                 if archive is not None:
                     _archive(archive, ids)
-                _delete(report, ids)
+                for counter, deleted in store.delete_runs(ids).items():
+                    if counter != "runs":
+                        setattr(report, counter, getattr(report, counter) + deleted)
             for _, status in rows:
                 report.by_status[status] = report.by_status.get(status, 0) + 1
             report.runs += len(rows)
@@ -140,26 +142,6 @@ def _count(report: PruneReport, ids: list[str]) -> None:
     report.attempts += RunStep.objects.filter(run_id__in=ids).count()
     report.escalations += Escalation.objects.filter(run_id__in=ids).count()
     report.interventions += Intervention.objects.filter(run_id__in=ids).count()
-
-
-# Children first: interventions point at escalations, everything points at the run.
-_TABLES = (
-    ("interventions", Intervention._meta.db_table),
-    ("escalations", Escalation._meta.db_table),
-    ("attempts", RunStep._meta.db_table),
-    ("runs", RunState._meta.db_table),
-)
-
-
-def _delete(report: PruneReport, ids: list[str]) -> None:
-    """Delete the runs `ids` (locked by the caller's transaction) and what hangs on them, by primary key list:
-    plain DELETEs, not Django's collector, which would first read every row (inputs and results included)."""
-    placeholders = ", ".join(["%s"] * len(ids))
-    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
-        for counter, table in _TABLES:
-            cursor.execute(f"DELETE FROM {table} WHERE run_id IN ({placeholders})", ids)  # noqa: S608
-            if counter != "runs":
-                setattr(report, counter, getattr(report, counter) + cursor.rowcount)
 
 
 def _fields(model: Any) -> list[str]:
