@@ -135,3 +135,20 @@ def test_a_run_cancelled_while_its_deploy_lacks_a_later_step_is_released_all_the
     assert (run.status, run.ending) == (RunStatus.CANCELLED, "")
     assert keys(far.warehouse.releases(), run_id) == [f"{run_id}:reserve:release", f"{run_id}:lock:release"]
     assert far.warehouse.held() == []
+
+
+def test_a_failed_run_retried_by_staff_acquires_again_what_it_gave_back(far: FarSystems, settings) -> None:
+    settings.DURABLERUNS_RETRY_BACKOFF_SECONDS = 0
+    run_id = make_run("holding", {"pay": "reject"}, run_id="po-retried")
+    services.resume_due()  # lock and reserve acquired, pay refused twice: failed, both given back
+    assert RunState.objects.get(pk=run_id).status == RunStatus.FAILED and far.warehouse.held() == []
+    RunState.objects.filter(pk=run_id).update(input={})  # the payment provider's refusal is cleared up
+    services.retry_run(run_id, by="alice", note="the card limit was raised")
+    services.resume_due()
+    run = RunState.objects.get(pk=run_id)
+    assert run.status == RunStatus.COMPLETED, run.reason
+    # The retried run did not pay against stock it had given back: it reserved again first, under new keys.
+    assert sorted(keys(far.warehouse.held(), run_id)) == [f"{run_id}:lock#2", f"{run_id}:reserve#2"]
+    assert holdings(run_id) == {"lock": HoldState.KEPT, "reserve": HoldState.KEPT}
+    pay = RunStep.objects.filter(run_id=run_id, step="pay").order_by("attempt").values_list("attempt", "status")
+    assert list(pay) == [(1, "failed"), (2, "failed"), (3, "completed")]
