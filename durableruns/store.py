@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,7 +20,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.db.models import F
 
-from durableruns import pgsql, signals
+from durableruns import conf, pgsql, signals
 from durableruns.boundary import StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.errors import (
@@ -318,24 +319,29 @@ def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: 
 
     The first time this process (this deploy) finds nothing due, it first makes workable again the runs stopped
     for lacking steps this deploy has (reopen_runnable), and looks once more: a deploy that has the steps came
-    back, and its first idle moment, not its first claim, pays for the look.
+    back, and its first idle moment, not its first claim, pays for the look. A long-lived worker (--loop) looks
+    again when idle every DURABLERUNS_MISSING_STEP_RETRY_SECONDS, for runs another deploy's workers stopped since.
     """
     taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id, first_steps=first_steps,
                    before_first_intent=before_first_intent)
-    if taken is None and run_id is None and _reopen_once(clock):
+    if taken is None and run_id is None and _reopen_when_due(clock):
         taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=None, first_steps=first_steps,
                        before_first_intent=before_first_intent)
     return taken
 
 
-_reopened_for: int | None = None  # the registry generation (this process's deploy) that last looked
+# The registry generation (this process's deploy) that last looked for runs to reopen, and when (this process's
+# monotonic clock: it only paces the looks; whether a run is reopened is decided from the record).
+_reopened: tuple[int, float] | None = None
 
 
-def _reopen_once(clock: Clock) -> int:
-    global _reopened_for
-    if _reopened_for == generation():
+def _reopen_when_due(clock: Clock) -> int:
+    global _reopened
+    now = time.monotonic()
+    if (_reopened is not None and _reopened[0] == generation()
+            and now - _reopened[1] < conf.missing_step_retry().total_seconds()):
         return 0
-    _reopened_for = generation()
+    _reopened = (generation(), now)
     return reopen_runnable(clock=clock)
 
 

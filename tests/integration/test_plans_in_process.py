@@ -3,6 +3,7 @@ next pass of a deploy that has them; staff can retry it too."""
 
 from __future__ import annotations
 
+import time
 from io import StringIO
 
 import pytest
@@ -71,3 +72,18 @@ def test_staff_may_retry_a_run_stopped_for_a_missing_step(settings):
     assert RunState.objects.get(pk=run_id).status == RunStatus.NEEDS_DECISION
     act = services.retry_run(run_id, by="ops", note="the step is deployed again on the other hosts")
     assert act.action == "retry" and RunState.objects.get(pk=run_id).status == RunStatus.PENDING
+
+
+def test_a_long_lived_worker_reopens_runs_another_deploy_stopped_after_its_first_look(settings):
+    settings.DURABLERUNS_MISSING_STEP_RETRY_SECONDS = 2
+    services.resume_due()  # this process (a --loop worker whose deploy has every step) has looked once already
+    run_id = make_run("scripted", run_id="po-stopped-elsewhere")
+    # Meanwhile a worker of a deploy that lacked `second` stopped the run for staff, as the record shows.
+    RunState.objects.filter(pk=run_id).update(
+        status=RunStatus.NEEDS_DECISION, reason=f"{STOPPED_MARK}second of the run's plan ..., for more than 0 s")
+    services.resume_due()
+    assert RunState.objects.get(pk=run_id).status == RunStatus.NEEDS_DECISION  # not looked again at once
+    time.sleep(2.1)
+    services.resume_due()  # idle past the retry interval: it looks again, reopens the run and finishes it
+    run = RunState.objects.get(pk=run_id)
+    assert run.status == RunStatus.COMPLETED, run.reason
