@@ -118,7 +118,7 @@ def summarize(result: Any, *, skip: Iterable[Any] = (), limit: int = 3) -> str:
         shown = [(k, v) for k, v in result.items() if _short_scalar(v) and str(v) not in skipped]
         ids = [(k, v) for k, v in shown if k == "id" or k.endswith("_id")]
         # Without ids, references first: JSONB stores keys in its own order, not the step's.
-        picked = ids or sorted(shown, key=lambda kv: not ("ref" in kv[0]))
+        picked = ids or sorted(shown, key=lambda kv: "ref" not in kv[0])
         return ", ".join(f"{k} {v}" for k, v in picked[:limit]) or f"{{{len(result)} keys}}"
     if isinstance(result, list):
         return f"[{len(result)} items]"

@@ -60,7 +60,8 @@ def settle_in_doubt(
     escalation_open: bool = False,
     staff_outcome: Outcome | None = None,
 ) -> Next:
-    """Choose the first move for an in-doubt attempt; never `RUN` a step whose effect might exist unless the policy says running again is safe."""
+    """Choose the first move for an in-doubt attempt; never `RUN` a step whose effect might exist unless the
+    policy says running again is safe."""
     if policy is Policy.RE_EXECUTABLE:
         return Next(action=Action.RUN, reason=f"{attempt.step} is re-executable: running it again")
     if policy is Policy.RESOLVABLE:
