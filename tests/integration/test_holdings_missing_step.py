@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from durableruns import services, store
 from durableruns.holdings import HoldState
@@ -152,3 +153,36 @@ def test_a_failed_run_retried_by_staff_acquires_again_what_it_gave_back(far: Far
     assert holdings(run_id) == {"lock": HoldState.KEPT, "reserve": HoldState.KEPT}
     pay = RunStep.objects.filter(run_id=run_id, step="pay").order_by("attempt").values_list("attempt", "status")
     assert list(pay) == [(1, "failed"), (2, "failed"), (3, "completed")]
+
+
+def test_a_worker_lost_while_giving_back_before_the_stop_resumes_the_releasing_from_the_record(
+    far: FarSystems, settings
+) -> None:
+    settings.DURABLERUNS_MISSING_STEP_GRACE_SECONDS = 0
+    run_id = acquired_under_old_plan(far, "po-lost")
+    # What a worker killed between the two releases leaves: the run ending (needs_decision), its lease run out,
+    # the reservation given back and recorded, the lock not yet.
+    release = far.warehouse.release(RunStep.objects.get(run_id=run_id, step="reserve").result["reservation_id"],
+                                    key=f"{run_id}:reserve:release")
+    complete(run_id, "reserve:release", release)
+    RunState.objects.filter(pk=run_id).update(status=RunStatus.RUNNING, ending=RunStatus.NEEDS_DECISION,
+                                              owner="dead-worker", epoch=1, lease_expires_at=timezone.now())
+    services.resume_due()
+    run = RunState.objects.get(pk=run_id)
+    assert (run.status, run.ending) == (RunStatus.NEEDS_DECISION, "") and run.reason.startswith(STOPPED_MARK)
+    assert keys(far.warehouse.releases(), run_id) == [f"{run_id}:reserve:release", f"{run_id}:lock:release"]
+    assert far.warehouse.held() == []
+
+
+def test_a_stop_whose_releasing_is_finished_by_a_deploy_with_the_step_goes_on_at_once(
+    far: FarSystems, settings, deploy_with_gone
+) -> None:
+    run_id = acquired_under_old_plan(far, "po-back")
+    RunState.objects.filter(pk=run_id).update(status=RunStatus.RUNNING, ending=RunStatus.NEEDS_DECISION,
+                                              owner="dead-worker", epoch=1, lease_expires_at=timezone.now())
+    deploy_with_gone()  # the worker that takes the run over has `gone`: it gives back, then the run goes on
+    services.resume_due()
+    run = RunState.objects.get(pk=run_id)
+    assert run.status == RunStatus.COMPLETED, run.reason
+    assert keys(far.warehouse.releases(), run_id) == [f"{run_id}:reserve:release", f"{run_id}:lock:release"]
+    assert sorted(keys(far.warehouse.held(), run_id)) == [f"{run_id}:lock#2", f"{run_id}:reserve#2"]
