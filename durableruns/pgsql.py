@@ -18,6 +18,7 @@ prepared statements turns preparing off.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -34,6 +35,12 @@ from durableruns import conf
 # nothing is due while thousands of runs are (after the tables were emptied and refilled, 10,000 runs drained
 # 17% slower). SET LOCAL holds for the claim's own transaction only.
 _CLAIM_PLANNING = "SET LOCAL enable_sort = off;\n"
+
+# When the next run comes due by itself (a wake time, a lease running out), in seconds from the database's now; NULL
+# if none will. An idle worker thread waits no longer than that (durableruns.worker.listener).
+NEXT_DUE = """extract(epoch FROM least(
+         (SELECT min(wake_at) FROM run_state WHERE status = 'waiting'),
+         (SELECT min(lease_expires_at) FROM run_state WHERE status = 'running')) - now())"""
 
 _CLAIM = """
 WITH claimed AS (
@@ -69,8 +76,11 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
                  'loop_cursor', s.loop_cursor,
                  'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
           FROM run_step s WHERE s.run_id = c.run_id),
-       (SELECT step FROM first), (SELECT effect_key FROM first), c.ending
-  FROM claimed c
+       (SELECT step FROM first), (SELECT effect_key FROM first), c.ending,
+       -- nothing claimed: the thread goes idle, and its timer needs when the next run comes due by itself (read
+       -- here, in the same round trip; a CASE branch not taken runs none of its subqueries)
+       CASE WHEN c.run_id IS NULL THEN """ + NEXT_DUE + """ END
+  FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
 
 _INTENT_ROW = """
@@ -269,6 +279,7 @@ def claim(*, owner: str, times: Times, first_steps: str,
     is called with the transaction still open when a first intent rode on the claim: nothing is recorded yet."""
     params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, **times}
     db = connections[DEFAULT_DB_ALIAS]
+    setattr(db, _NEXT_DUE_ATTRIBUTE, None)
     hot = _hot_path()
     db.ensure_connection()
     raw = db.connection
@@ -301,7 +312,32 @@ def claim(*, owner: str, times: Times, first_steps: str,
             if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 raw.execute("ROLLBACK")
             raise
-    return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
+    if row is None:
+        return None
+    if row[0] is None:  # nothing was due: the row carries NEXT_DUE alone
+        setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), row[9]))
+        return None
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
+
+
+_NEXT_DUE_ATTRIBUTE = "durableruns_next_due"  # on Django's connection wrapper, which is per thread
+_NEXT_DUE_FRESH_SECONDS = 0.1
+
+
+def next_due_from_last_claim() -> tuple[bool, float | None]:
+    """What this thread's last claim read of NEXT_DUE when it found nothing, less the time since on this process's
+    own clock (a duration, never compared with the database's): (True, seconds or None if no run will come due),
+    taken once; (False, None) if this thread's last claim took a run, or was not just now."""
+    db = connections[DEFAULT_DB_ALIAS]
+    reading = getattr(db, _NEXT_DUE_ATTRIBUTE, None)
+    if reading is None:
+        return False, None
+    setattr(db, _NEXT_DUE_ATTRIBUTE, None)
+    read_at, seconds = reading
+    elapsed = time.monotonic() - read_at
+    if elapsed > _NEXT_DUE_FRESH_SECONDS:
+        return False, None
+    return True, None if seconds is None else float(seconds) - elapsed
 
 
 def wake_workers() -> None:
