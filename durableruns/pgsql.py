@@ -55,7 +55,7 @@ WITH claimed AS (
           ORDER BY created_at
           LIMIT 1
             FOR UPDATE SKIP LOCKED)
-  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending),
+  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at),
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
 first AS (
@@ -79,7 +79,17 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        (SELECT step FROM first), (SELECT effect_key FROM first), c.ending,
        -- nothing claimed: the thread goes idle, and its timer needs when the next run comes due by itself (read
        -- here, in the same round trip; a CASE branch not taken runs none of its subqueries)
-       CASE WHEN c.run_id IS NULL THEN """ + NEXT_DUE + """ END
+       CASE WHEN c.run_id IS NULL THEN """ + NEXT_DUE + """ END,
+       -- a run taken: whether another was due behind it (in the same index order, as this statement saw the
+       -- record), so that the thread wakes another idle one only then (worker.pool); one committed since
+       -- notifies on its own
+       CASE WHEN c.run_id IS NOT NULL THEN EXISTS (
+         SELECT 1 FROM run_state o
+          WHERE o.status IN ('pending', 'running', 'waiting') AND o.created_at >= c.created_at
+            AND o.run_id <> c.run_id
+            AND (o.status = 'pending'
+                 OR (o.status = 'running' AND o.lease_expires_at < now() + %(shift)s)
+                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s))) END
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
 
@@ -280,6 +290,7 @@ def claim(*, owner: str, times: Times, first_steps: str,
     params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, **times}
     db = connections[DEFAULT_DB_ALIAS]
     setattr(db, _NEXT_DUE_ATTRIBUTE, None)
+    setattr(db, _MORE_DUE_ATTRIBUTE, None)
     hot = _hot_path()
     db.ensure_connection()
     raw = db.connection
@@ -317,11 +328,22 @@ def claim(*, owner: str, times: Times, first_steps: str,
     if row[0] is None:  # nothing was due: the row carries NEXT_DUE alone
         setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), row[9]))
         return None
+    setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
     return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
 
 
 _NEXT_DUE_ATTRIBUTE = "durableruns_next_due"  # on Django's connection wrapper, which is per thread
 _NEXT_DUE_FRESH_SECONDS = 0.1
+_MORE_DUE_ATTRIBUTE = "durableruns_more_due"
+
+
+def more_due_after_last_claim() -> bool:
+    """Whether another run was due behind the one this thread's last claim took, as that claim saw the record;
+    True where it is not known (the claim went another way, or took nothing), taken once."""
+    db = connections[DEFAULT_DB_ALIAS]
+    more = getattr(db, _MORE_DUE_ATTRIBUTE, None)
+    setattr(db, _MORE_DUE_ATTRIBUTE, None)
+    return True if more is None else bool(more)
 
 
 def next_due_from_last_claim() -> tuple[bool, float | None]:

@@ -23,6 +23,7 @@ from durableruns.clock import Clock
 from durableruns.engine import Engine, RunOutcome
 from durableruns.errors import FencedOut
 from durableruns.models import RunStatus
+from durableruns.pgsql import more_due_after_last_claim
 from durableruns.registry import first_steps
 from durableruns.worker.heartbeat import Heartbeat
 
@@ -293,8 +294,9 @@ class WorkerPool:
             if claimed is None:
                 self.budget.give_back()
                 break
-            if self.waker is not None and self.run_id is None:
-                self.waker.wake()  # more may be due: the next idle thread looks while this one works
+            if self.waker is not None and self.run_id is None and more_due_after_last_claim():
+                # Another run was due behind this one: the next idle thread looks while this one works.
+                self.waker.wake()
             run_id = claimed.lease.run_id
             with self._lock:
                 self._in_hand[threading.current_thread().name] = InHand(

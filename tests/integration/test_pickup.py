@@ -190,3 +190,21 @@ def test_the_timer_of_a_thread_whose_claim_found_nothing_is_what_that_claim_read
     with CaptureQueriesContext(connection) as queries:
         assert seconds_until_next_due() is not None  # the claim took a run: the timer reads for itself
     assert len(queries) == 1
+
+
+def test_a_claim_says_whether_another_run_was_due_behind_the_one_it_took():
+    """The thread that took a run wakes another idle one only if another was due: a lone new run costs one claim."""
+    from django.db.models.functions import Now
+
+    from durableruns import store
+    from durableruns.pgsql import more_due_after_last_claim
+
+    first, second, later = make_run(), make_run(), make_run()
+    RunState.objects.filter(pk=later).update(status=RunStatus.WAITING, wake_at=Now() + timedelta(seconds=60))
+    taken = store.claim(owner="more", lease_seconds=30)
+    assert taken is not None and taken.lease.run_id == first and more_due_after_last_claim() is True
+    taken = store.claim(owner="more", lease_seconds=30)
+    assert taken is not None and taken.lease.run_id == second
+    assert more_due_after_last_claim() is False  # the waiting run behind it is not due yet
+    assert store.claim(owner="more", lease_seconds=30) is None
+    assert more_due_after_last_claim() is True  # nothing known: the caller wakes, as it always did
