@@ -8,9 +8,11 @@ module imports no model, so the runner can import it before Django is set up (be
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -172,6 +174,63 @@ def run_workers(dbname: str, count: int, *args: str, timeout: float = 1800.0, en
     if failures:
         raise RuntimeError("resume_runs failed:\n" + "\n".join(failures))
     return WorkersRun(seconds=seconds, returncodes=codes)
+
+
+class LoopWorker:
+    """A `resume_runs --loop` process on the bench database, started at once; its stdout is read as it comes."""
+
+    READY = ": working, lease"  # the first line a --loop worker writes, once it picks work up (how, it says)
+
+    def __init__(self, dbname: str, *args: str, env_extra: dict[str, str] | None = None) -> None:
+        env = dict(os.environ, **site_env(dbname), PYTHONUNBUFFERED="1")
+        env.update(env_extra or {})
+        self.lines: list[str] = []
+        self.started = threading.Event()
+        self.proc = subprocess.Popen(worker_command(*args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if self.READY in line:
+                self.started.set()
+
+    def first_line(self, timeout: float = 120.0) -> str:
+        """The worker's first line, once it has written it; raise (the worker stopped) if it does not in time."""
+        if not self.started.wait(timeout):
+            self.stop(check=False)
+            raise RuntimeError(f"the --loop worker did not start: {self.lines[-5:]}")
+        return next(line for line in self.lines if self.READY in line)
+
+    def stop(self, *, check: bool = True) -> int:
+        """SIGTERM, then wait for it to exit (an idle thread notices at once; a busy one after its step); kill it
+        after 60 s. With `check`, raise unless it exited 0."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        self._reader.join(timeout=5)
+        if check and self.proc.returncode != 0:
+            raise RuntimeError(f"the --loop worker exited {self.proc.returncode}: {err[-2000:]}")
+        return self.proc.returncode
+
+
+def stop_all(workers: Sequence[LoopWorker]) -> None:
+    """Stop every worker (each one, whatever another's exit); then raise if any exited otherwise than 0."""
+    failures = []
+    for worker in workers:
+        try:
+            worker.stop()
+        except RuntimeError as exc:
+            failures.append(str(exc))
+    if failures:
+        raise RuntimeError("\n".join(failures))
 
 
 def work_all(dbname: str, workers: int) -> WorkersRun:

@@ -1,19 +1,31 @@
 """I/O-bound throughput against DBOS: many runs whose steps wait on far calls, worked concurrently.
 
-Each round records ``runs`` pending runs of bench.workflows.io5 (5 steps, each a 20 ms time.sleep standing for a
-far call) in bulk, starts ``workers`` `manage.py resume_runs --once --concurrency N` processes at once, and takes
-the wall time from starting them until the last exits, which each does when nothing is due any more (checked:
-every run completed, every step once). Process start-up is included, and measured apart in the same round (an
-empty resume_runs process). DBOS Transact, in rounds alternating with these, gets the same work in one fresh
-process: the same number of 5-step workflows sleeping 20 ms a step, all started at once with DBOS.start_workflow
-on its default executor, timed from the first start until every handle's result is in (DBOS launched first,
-untimed). The critical path, one run alone with nothing else to do, is 5 x 20 ms.
+The work is ``runs`` runs of bench.workflows.io5 (5 steps, each a 20 ms time.sleep standing for a far call),
+measured two ways by durableruns, in rounds alternating with DBOS's (checked each time: every run completed,
+every step run once):
+
+- like for like (`--loop`, what the target judges): ``workers`` `manage.py resume_runs --loop --concurrency N`
+  processes are started and left to go idle, untimed, as DBOS's launch is; then this process starts the runs
+  with durableruns.start(), one after another, and the figure runs from the first start to the last run's
+  completion, both on the database's clock: clock_timestamp() read just before the first start(), to the
+  largest updated_at of the completed runs (the now() of the statement that completed the last one, which
+  records its last step's result too). The workers are stopped by SIGTERM afterwards and must exit 0.
+- cron-shaped (`--once`): the pending runs are recorded in bulk, then ``workers`` `resume_runs --once` processes
+  are started at once, timed from starting them until the last exits (each does when nothing is due any more):
+  process start-up is included, and measured apart in the same round (an empty resume_runs process).
+
+DBOS Transact gets the same work in one fresh process: the same number of 5-step workflows sleeping 20 ms a
+step, all started at once with DBOS.start_workflow on its default executor, timed from the first start until
+every handle's result is in (DBOS launched first, untimed). The critical path, one run alone with nothing else
+to do, is 5 x 20 ms.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import durableruns
 from bench import app, dbos_baseline, records
 from bench.pg import Databases
 from bench.stats import ratio, rotation, summarize
@@ -26,12 +38,13 @@ def worker_args(concurrency: int) -> tuple[str, ...]:
     return ("--once", "--concurrency", str(concurrency), "--lease", "30")
 
 
-def one_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tuple[float, float]:
-    """Seconds for ``workers`` processes of ``concurrency`` threads to complete ``runs`` I/O-bound runs, and the
-    working span within them on the database's clock (first step started to last step finished)."""
-    app.reset()
-    records.create_pending(runs, workflow=io5.name)
-    seconds = app.run_workers(dbname, workers, *worker_args(concurrency)).seconds
+def loop_args(concurrency: int) -> tuple[str, ...]:
+    return ("--loop", "--concurrency", str(concurrency), "--lease", "30")
+
+
+def check_all_done(runs: int, workers: int) -> float:
+    """Raise unless every run completed with each of its steps run once; return the working span on the
+    database's clock (first step started to last step finished)."""
     counts = app.status_counts()
     [(attempts, completed, span)] = app.execute(
         "SELECT count(*), count(*) FILTER (WHERE status = 'completed'), "
@@ -39,14 +52,71 @@ def one_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tupl
     if counts != {"completed": runs} or attempts != completed or completed != runs * IO_STEPS:
         raise RuntimeError(f"{workers} worker(s) left the runs as {counts} with {completed}/{attempts} completed "
                            f"attempts, expected {runs} completed runs and {runs * IO_STEPS} attempts")
-    return seconds, float(span)
+    return float(span)
+
+
+def one_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tuple[float, float]:
+    """Seconds for ``workers`` --once processes of ``concurrency`` threads to complete ``runs`` I/O-bound runs
+    recorded beforehand, and the working span within them on the database's clock."""
+    app.reset()
+    records.create_pending(runs, workflow=io5.name)
+    seconds = app.run_workers(dbname, workers, *worker_args(concurrency)).seconds
+    return seconds, check_all_done(runs, workers)
+
+
+def wait_idle(*, backends: int, timeout: float = 60.0) -> None:
+    """Wait until the bench database has at least ``backends`` other client connections, none of them busy, for
+    three looks in a row 0.1 s apart: the --loop workers' threads have made their first (empty) claim and wait."""
+    deadline = time.monotonic() + timeout
+    quiet = 0
+    while quiet < 3:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the --loop workers did not go idle within {timeout:g} s")
+        [(connected, busy)] = app.execute(
+            "SELECT count(*), count(*) FILTER (WHERE state <> 'idle') FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+        quiet = quiet + 1 if connected >= backends and busy == 0 else 0
+        time.sleep(0.1)
+
+
+def loop_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tuple[float, float]:
+    """Seconds, on the database's clock, from the first durableruns.start() of ``runs`` I/O-bound runs until the
+    last completed, worked by ``workers`` --loop processes of ``concurrency`` threads started (untimed) before;
+    and the same span as this process saw it, polling every 20 ms (an upper bound, for the record)."""
+    app.reset()
+    started = []
+    try:
+        for _ in range(workers):
+            started.append(app.LoopWorker(dbname, *loop_args(concurrency)))
+        for worker in started:
+            line = worker.first_line()
+            if "listening on" not in line:
+                raise RuntimeError(f"a --loop worker is not listening: {line}")
+        wait_idle(backends=workers * concurrency)
+        [(began,)] = app.execute("SELECT clock_timestamp()")
+        began_here = time.perf_counter()
+        for index in range(runs):
+            durableruns.start(io5.name, {}, run_id=f"io-{index:05d}")
+        deadline = time.monotonic() + 600
+        while app.status_counts().get("completed", 0) < runs:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the --loop workers left the runs as {app.status_counts()} after 600 s")
+            time.sleep(0.02)
+        polled = time.perf_counter() - began_here
+    finally:
+        app.stop_all(started)
+    check_all_done(runs, workers)
+    [(ended,)] = app.execute("SELECT max(updated_at) FROM run_state WHERE status = 'completed'")
+    return (ended - began).total_seconds(), polled
 
 
 def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat: int) -> dict[str, Any]:
-    """Figure 9: wall time of durableruns (``workers`` x ``concurrency``) and of DBOS, and the critical path."""
-    rounds = ("durableruns", "dbos", "startup")
+    """Figure 9: wall time of durableruns (``workers`` x ``concurrency``, --loop and --once) and of DBOS, and the
+    critical path."""
+    rounds = ("durableruns_loop", "durableruns", "dbos", "startup")
     seconds: dict[str, list[float]] = {name: [] for name in rounds}
     spans: list[float] = []
+    polled: list[float] = []
     dbos_threads: set[Any] = set()
     for _, name in rotation(rounds, repeat):
         if name == "dbos":
@@ -56,6 +126,10 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
             dbos_threads.add("unbounded (sys.maxsize)" if threads and threads >= 2**62 else str(threads))
         elif name == "startup":
             seconds[name].append(app.startup_seconds(dbs.app))
+        elif name == "durableruns_loop":
+            wall, seen = loop_round(dbs.app, runs=runs, workers=workers, concurrency=concurrency)
+            seconds[name].append(wall)
+            polled.append(seen)
         else:
             wall, span = one_round(dbs.app, runs=runs, workers=workers, concurrency=concurrency)
             seconds[name].append(wall)
@@ -71,16 +145,27 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
         for name, summary in summaries.items()
     }
     figures["process_startup_s"] = summarize(startup)
+    figures["durableruns_loop_polled_s"] = summarize(polled)
     figures["critical_path_s"] = CRITICAL_PATH_S
+    figures["durableruns_loop_over_dbos"] = ratio(summaries["durableruns_loop"], summaries["dbos"])
     figures["durableruns_over_dbos"] = ratio(summaries["durableruns"], summaries["dbos"])
     figures["durableruns_net_over_dbos"] = ratio(summaries["durableruns_net_of_startup"], summaries["dbos"])
+    figures["durableruns_loop_over_critical_path"] = summaries["durableruns_loop"]["median"] / CRITICAL_PATH_S
     figures["durableruns_over_critical_path"] = summaries["durableruns"]["median"] / CRITICAL_PATH_S
     figures["dbos_over_critical_path"] = summaries["dbos"]["median"] / CRITICAL_PATH_S
     figures["params"] = {
         "runs": runs, "steps_per_run": IO_STEPS, "step_sleep_ms": 1000 * IO_STEP_SECONDS, "rounds": repeat,
         "workers": workers, "concurrency": concurrency,
         "worker_args": " ".join(worker_args(concurrency)),
+        "loop_worker_args": " ".join(loop_args(concurrency)),
         "dbos_executor_threads": sorted(dbos_threads),
+        "durableruns_loop_timing": f"{workers} resume_runs {' '.join(loop_args(concurrency))} processes started "
+                                   "and idle beforehand (untimed, as DBOS's launch is); then this process called "
+                                   f"durableruns.start() {runs} times, one after another; from clock_timestamp() "
+                                   "read just before the first start() to the largest updated_at of the completed "
+                                   "runs (the now() of the statement that completed the last one), both on the "
+                                   "database's clock; polled_s is the same span on this process's clock, ended by "
+                                   "a poll every 20 ms that saw every run completed (an upper bound)",
         "durableruns_timing": f"wall time from starting {workers} resume_runs processes until the last exited "
                               "(all completed), interpreter and Django start-up included; net_of_startup "
                               "subtracts the same round's empty resume_runs process; working_span is the "

@@ -12,11 +12,7 @@ worker's own first line says how it picks work up.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import threading
 import time
 from typing import Any
 
@@ -29,52 +25,12 @@ MODES = {"listening": "1", "polling": "0"}
 INTERVAL_S = 5.0  # resume_runs' default --interval, stated here to size the waits
 
 
-class Worker:
-    """A --loop resume_runs process on the bench database; its stdout is read as it comes."""
-
-    def __init__(self, dbname: str, *, listen: str) -> None:
-        env = dict(os.environ, **app.site_env(dbname), PYTHONUNBUFFERED="1")
-        env.update(DJANGO_SETTINGS_MODULE="bench.settings", DURABLERUNS_LISTEN=listen)
-        self.lines: list[str] = []
-        self.started = threading.Event()
-        self.proc = subprocess.Popen(app.worker_command("--loop", "--lease", "30"), cwd=app.ROOT, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if ": working, lease" in line:
-                self.started.set()
-
-    def first_line(self, timeout: float = 120.0) -> str:
-        if not self.started.wait(timeout):
-            self.stop()
-            raise RuntimeError(f"the --loop worker did not start: {self.lines[-5:]}")
-        return next(line for line in self.lines if ": working, lease" in line)
-
-    def stop(self) -> int:
-        """SIGTERM, then wait for it to exit (an idle thread notices within its wait, at most --interval)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        self._reader.join(timeout=5)
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"the --loop worker exited {self.proc.returncode}: {err[-2000:]}")
-        return self.proc.returncode
-
-
 def one_round(dbname: str, *, mode: str, runs: int, rng: random.Random, gap_ms: tuple[float, float]
               ) -> dict[str, Any]:
     """Start ``runs`` runs one at a time while a --loop worker idles; each run's pickup latency in ms."""
     app.reset()
-    worker = Worker(dbname, listen=MODES[mode])
+    worker = app.LoopWorker(dbname, "--loop", "--lease", "30",
+                            env_extra={"DJANGO_SETTINGS_MODULE": "bench.settings", "DURABLERUNS_LISTEN": MODES[mode]})
     try:
         line = worker.first_line()
         listening = "listening on durableruns_due" in line

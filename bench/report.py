@@ -77,12 +77,17 @@ def targets(figures: dict[str, Any]) -> list[Target]:
     io = figures.get("io_bound")
     if io:
         p = io["params"]
+        # Judged like for like: --loop workers already idle, as DBOS is launched untimed, so neither side pays
+        # process start-up. The cron-shaped --once figure, start-up included, is stated beside it.
         found.append(Target(name=f"I/O-bound: {p['runs']} runs x {p['steps_per_run']} steps of {p['step_sleep_ms']:g} "
-                                 f"ms, {p['workers']} workers x {p['concurrency']} threads, wall time <= 0.25 x DBOS's",
-                            measured=io["durableruns_over_dbos"]["ratio"], limit=0.25, at_most=True,
-                            detail=_ratio_text(io["durableruns_over_dbos"])
-                            + f"; {io['durableruns']['seconds']['median']:.2f} s against "
-                              f"{io['dbos']['seconds']['median']:.2f} s"))
+                                 f"ms, {p['workers']} --loop workers x {p['concurrency']} threads already idle, wall "
+                                 "time <= 0.25 x DBOS's",
+                            measured=io["durableruns_loop_over_dbos"]["ratio"], limit=0.25, at_most=True,
+                            detail=_ratio_text(io["durableruns_loop_over_dbos"])
+                            + f"; {io['durableruns_loop']['seconds']['median']:.2f} s against "
+                              f"{io['dbos']['seconds']['median']:.2f} s (cron-shaped, {p['workers']} x --once with "
+                              f"process start-up: {io['durableruns']['seconds']['median']:.2f} s, "
+                              f"{_ratio_text(io['durableruns_over_dbos'])})"))
     pickup = figures.get("pickup")
     if pickup:
         listening = pickup["listening"]
@@ -272,7 +277,9 @@ def _io_md(io: dict[str, Any]) -> list[str]:
     critical = io["critical_path_s"]
     rows = [[label, _ms(io[key]["seconds"], 2), _ms(io[key]["steps_per_s"], 0),
              f"{io[key]['seconds']['median'] / critical:.1f}"] if key in io else [label, NOT_RUN, "", ""]
-            for label, key in ((f"durableruns, {p['workers']} x resume_runs {p['worker_args']}", "durableruns"),
+            for label, key in ((f"durableruns, {p['workers']} x resume_runs {p['loop_worker_args']}, already idle",
+                                "durableruns_loop"),
+                               (f"durableruns, {p['workers']} x resume_runs {p['worker_args']}", "durableruns"),
                                ("durableruns, net of process start-up", "durableruns_net_of_startup"),
                                ("durableruns, working span (first step started to last step finished)",
                                 "durableruns_working_span"),
@@ -283,10 +290,13 @@ def _io_md(io: dict[str, Any]) -> list[str]:
         f"{p['runs']} runs of {p['steps_per_run']} steps, each step a {p['step_sleep_ms']:g} ms `time.sleep` (a far "
         f"call); {p['rounds']} round(s), alternating. DBOS's default executor's threads: "
         f"{', '.join(p['dbos_executor_threads'])}.",
-        f"- durableruns: {p['durableruns_timing']}. One empty resume_runs process takes "
+        f"- durableruns --loop: {p['durableruns_loop_timing']}. Polled: {_ms(io['durableruns_loop_polled_s'], 2)} s.",
+        f"- durableruns --once: {p['durableruns_timing']}. One empty resume_runs process takes "
         f"{_ms(io['process_startup_s'], 2)} s.",
         f"- DBOS: {p['dbos_timing']}.",
-        f"- durableruns / DBOS: {_ratio_text(io['durableruns_over_dbos'])}; net of start-up: "
+        f"- durableruns --loop / DBOS: {_ratio_text(io['durableruns_loop_over_dbos'])}: what the target judges, like "
+        "for like (neither side's time includes starting its process).",
+        f"- durableruns --once / DBOS: {_ratio_text(io['durableruns_over_dbos'])}; net of start-up: "
         f"{_ratio_text(io['durableruns_net_over_dbos'])}.",
     ]
 
@@ -435,8 +445,11 @@ def _chart_io(out: Path, io: dict[str, Any]) -> None:
     p = io["params"]
     _bars(out / "io_bound.png", f"{p['runs']} runs x {p['steps_per_run']} far calls of {p['step_sleep_ms']:g} ms: "
                                 "wall time", "seconds",
-          [(f"durableruns\n{p['workers']} x {p['concurrency']} threads", io["durableruns"]["seconds"]),
-           ("durableruns\nnet of start-up", io["durableruns_net_of_startup"]["seconds"]),
+          [(f"durableruns --loop\n{p['workers']} x {p['concurrency']} threads,\nalready idle",
+            io["durableruns_loop"]["seconds"]),
+           (f"durableruns --once\n{p['workers']} x {p['concurrency']} threads,\nstart-up included",
+            io["durableruns"]["seconds"]),
+           ("durableruns --once\nnet of start-up", io["durableruns_net_of_startup"]["seconds"]),
            ("DBOS 3.4\none process", io["dbos"]["seconds"])],
           lines=[(0.25 * io["dbos"]["seconds"]["median"], "target: durableruns <= 0.25 x DBOS"),
                  (io["critical_path_s"], f"critical path {io['critical_path_s']:g} s")])

@@ -20,7 +20,7 @@ class DurableRunsConfig(AppConfig):
 
     def ready(self) -> None:
         from durableruns import (
-            checks,  # noqa: F401  (registers the checks)
+            checks,  # registers the checks
             connections,
             sqlite,
             testing,
@@ -29,7 +29,7 @@ class DurableRunsConfig(AppConfig):
         connections.apply_timeouts()  # before any connection is opened: a cut-off worker must not hang
         testing.arm_from_environment()
         connection_created.connect(sqlite.tune_connection, dispatch_uid="durableruns.sqlite.tune_connection")
-        register(sqlite.check_sqlite_options)
+        register(sqlite.check_sqlite_options, checks.TAG)
         # A flush empties the tables and emits post_migrate: the plans this process knew recorded are gone.
         post_migrate.connect(_forget_plans, dispatch_uid="durableruns.store.forget_plans")
 

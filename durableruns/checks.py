@@ -1,5 +1,9 @@
 """System checks: declarations and settings that would fail a resume are reported at start-up, not on the day of a
-crash."""
+crash.
+
+Each is tagged TAG: resume_runs runs those (and the models' checks) at its start, rather than all of the site's
+(see the command), and `manage.py check --tag durableruns` runs them alone.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,10 @@ from django.db import DatabaseError
 from durableruns.policies import Policy
 from durableruns.registry import workflows
 
+TAG = "durableruns"
 
-@checks.register()
+
+@checks.register(TAG)
 def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every workflow has steps; every resolvable step has a lookup (Workflow.step enforces policy itself)."""
     messages: list[checks.CheckMessage] = []
@@ -37,7 +43,7 @@ def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     return messages
 
 
-@checks.register()
+@checks.register(TAG)
 def check_time_zone_support(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """USE_TZ = False is refused: durableruns compares instants, and naive local times are not instants.
 
@@ -57,7 +63,7 @@ def check_time_zone_support(app_configs: Any = None, **kwargs: Any) -> list[chec
         id="durableruns.E003")]
 
 
-@checks.register(checks.Tags.database)
+@checks.register(checks.Tags.database, TAG)
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """SQLite has no row locks: fine for trying the app with one worker, not for several hosts."""
     if not kwargs.get("databases"):
@@ -72,7 +78,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return []
 
 
-@checks.register(checks.Tags.database)
+@checks.register(checks.Tags.database, TAG)
 def check_plans_in_flight(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn, before the old code is gone, of each step that runs in flight still need and this deploy lacks.
 

@@ -18,6 +18,7 @@ prepared statements turns preparing off.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -35,6 +36,12 @@ from durableruns import conf
 # 17% slower). SET LOCAL holds for the claim's own transaction only.
 _CLAIM_PLANNING = "SET LOCAL enable_sort = off;\n"
 
+# When the next run comes due by itself (a wake time, a lease running out), in seconds from the database's now; NULL
+# if none will. An idle worker thread waits no longer than that (durableruns.worker.listener).
+NEXT_DUE = """extract(epoch FROM least(
+         (SELECT min(wake_at) FROM run_state WHERE status = 'waiting'),
+         (SELECT min(lease_expires_at) FROM run_state WHERE status = 'running')) - now())"""
+
 _CLAIM = """
 WITH claimed AS (
   UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
@@ -48,7 +55,7 @@ WITH claimed AS (
           ORDER BY created_at
           LIMIT 1
             FOR UPDATE SKIP LOCKED)
-  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending),
+  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at),
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
 first AS (
@@ -69,8 +76,21 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
                  'loop_cursor', s.loop_cursor,
                  'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
           FROM run_step s WHERE s.run_id = c.run_id),
-       (SELECT step FROM first), (SELECT effect_key FROM first), c.ending
-  FROM claimed c
+       (SELECT step FROM first), (SELECT effect_key FROM first), c.ending,
+       -- nothing claimed: the thread goes idle, and its timer needs when the next run comes due by itself (read
+       -- here, in the same round trip; a CASE branch not taken runs none of its subqueries)
+       CASE WHEN c.run_id IS NULL THEN """ + NEXT_DUE + """ END,
+       -- a run taken: whether another was due behind it (in the same index order, as this statement saw the
+       -- record), so that the thread wakes another idle one only then (worker.pool); one committed since
+       -- notifies on its own
+       CASE WHEN c.run_id IS NOT NULL THEN EXISTS (
+         SELECT 1 FROM run_state o
+          WHERE o.status IN ('pending', 'running', 'waiting') AND o.created_at >= c.created_at
+            AND o.run_id <> c.run_id
+            AND (o.status = 'pending'
+                 OR (o.status = 'running' AND o.lease_expires_at < now() + %(shift)s)
+                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s))) END
+  FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
 
 _INTENT_ROW = """
@@ -269,6 +289,8 @@ def claim(*, owner: str, times: Times, first_steps: str,
     is called with the transaction still open when a first intent rode on the claim: nothing is recorded yet."""
     params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, **times}
     db = connections[DEFAULT_DB_ALIAS]
+    setattr(db, _NEXT_DUE_ATTRIBUTE, None)
+    setattr(db, _MORE_DUE_ATTRIBUTE, None)
     hot = _hot_path()
     db.ensure_connection()
     raw = db.connection
@@ -301,7 +323,43 @@ def claim(*, owner: str, times: Times, first_steps: str,
             if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 raw.execute("ROLLBACK")
             raise
-    return None if row is None else (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
+    if row is None:
+        return None
+    if row[0] is None:  # nothing was due: the row carries NEXT_DUE alone
+        setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), row[9]))
+        return None
+    setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
+
+
+_NEXT_DUE_ATTRIBUTE = "durableruns_next_due"  # on Django's connection wrapper, which is per thread
+_NEXT_DUE_FRESH_SECONDS = 0.1
+_MORE_DUE_ATTRIBUTE = "durableruns_more_due"
+
+
+def more_due_after_last_claim() -> bool:
+    """Whether another run was due behind the one this thread's last claim took, as that claim saw the record;
+    True where it is not known (the claim went another way, or took nothing), taken once."""
+    db = connections[DEFAULT_DB_ALIAS]
+    more = getattr(db, _MORE_DUE_ATTRIBUTE, None)
+    setattr(db, _MORE_DUE_ATTRIBUTE, None)
+    return True if more is None else bool(more)
+
+
+def next_due_from_last_claim() -> tuple[bool, float | None]:
+    """What this thread's last claim read of NEXT_DUE when it found nothing, less the time since on this process's
+    own clock (a duration, never compared with the database's): (True, seconds or None if no run will come due),
+    taken once; (False, None) if this thread's last claim took a run, or was not just now."""
+    db = connections[DEFAULT_DB_ALIAS]
+    reading = getattr(db, _NEXT_DUE_ATTRIBUTE, None)
+    if reading is None:
+        return False, None
+    setattr(db, _NEXT_DUE_ATTRIBUTE, None)
+    read_at, seconds = reading
+    elapsed = time.monotonic() - read_at
+    if elapsed > _NEXT_DUE_FRESH_SECONDS:
+        return False, None
+    return True, None if seconds is None else float(seconds) - elapsed
 
 
 def wake_workers() -> None:

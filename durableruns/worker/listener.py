@@ -17,23 +17,25 @@ from typing import Any
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from durableruns.pgsql import NEXT_DUE, next_due_from_last_claim
 from durableruns.pgsql import WAKE_CHANNEL as CHANNEL
 from durableruns.worker.background import Background
 from durableruns.worker.pool import Waker
 
 log = logging.getLogger("durableruns")
 
-# When the next run comes due by itself, in seconds from the database's now (NULL: nothing will).
-_NEXT_DUE = """
-SELECT extract(epoch FROM least(
-         (SELECT min(wake_at) FROM run_state WHERE status = 'waiting'),
-         (SELECT min(lease_expires_at) FROM run_state WHERE status = 'running')) - now())
-"""
+_NEXT_DUE = "SELECT " + NEXT_DUE
 
 
 def seconds_until_next_due() -> float | None:
     """Seconds until the earliest wake time or lease expiry the record holds (negative: already due), on the
-    database's clock; None if no run will come due by itself."""
+    database's clock; None if no run will come due by itself.
+
+    An idle thread asks just after its claim found nothing, and that claim read it already (pgsql.NEXT_DUE):
+    that reading is used then, less the time since, instead of a statement of its own."""
+    known, seconds = next_due_from_last_claim()
+    if known:
+        return seconds
     with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
         cursor.execute(_NEXT_DUE)
         (seconds,) = cursor.fetchone()

@@ -23,6 +23,7 @@ from durableruns.clock import Clock
 from durableruns.engine import Engine, RunOutcome
 from durableruns.errors import FencedOut
 from durableruns.models import RunStatus
+from durableruns.pgsql import more_due_after_last_claim
 from durableruns.registry import first_steps
 from durableruns.worker.heartbeat import Heartbeat
 
@@ -62,33 +63,46 @@ class Waker:
     thread that claims a run then wakes the next (WorkerPool._work_due), so a burst of runs fans out over the
     idle threads one claim at a time, and a single new run costs one claim, not one per idle thread.
 
-    A thread takes a ticket before it looks for work and waits with it: a wake that came while it was looking
-    (a run started just after its claim found nothing) ends the wait at once instead of being lost."""
+    A wake is a permit that one thread's next wait takes, whenever that wait begins: a wake that came while every
+    thread was looking (a run started just after a claim found nothing) ends the next wait at once instead of
+    being lost, and it sends one thread to look again, not every thread that was looking meanwhile. Permits are
+    kept up to the number of threads waiting (at least one): one permit not yet taken already promises a claim
+    that begins after every wake before it, so more would only buy claims that find nothing."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
-        self._generation = 0
-
-    def ticket(self) -> int:
-        with self._condition:
-            return self._generation
+        self._permits = 0
+        self._waiting = 0
+        self._all = 0  # bumped by wake_all: every wait then ends
 
     def wake(self) -> None:
-        """Rouse one idle thread (and end the wait of any thread that took its ticket before this)."""
+        """Rouse one idle thread, or, if none waits, end the next wait at once."""
         with self._condition:
-            self._generation += 1
+            self._permits = min(self._permits + 1, max(1, self._waiting))
             self._condition.notify()
 
     def wake_all(self) -> None:
         """Rouse every idle thread: the pool is stopping."""
         with self._condition:
-            self._generation += 1
+            self._all += 1
             self._condition.notify_all()
 
-    def wait(self, timeout: float, *, since: int, unless: Callable[[], bool] = lambda: False) -> None:
-        """Wait until a wake after ticket `since`, or `unless()` holds, or `timeout` seconds pass."""
+    def wait(self, timeout: float, *, unless: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until a permit is there to take (taking it), or `unless()` holds, or `timeout` seconds pass;
+        return whether a permit was taken."""
         with self._condition:
-            self._condition.wait_for(lambda: self._generation != since or unless(), timeout=timeout)
+            everyone = self._all
+            self._waiting += 1
+            try:
+                self._condition.wait_for(
+                    lambda: self._permits > 0 or self._all != everyone or unless(), timeout=timeout
+                )
+            finally:
+                self._waiting -= 1
+            if self._permits > 0:
+                self._permits -= 1
+                return True
+            return False
 
 
 @dataclass
@@ -237,11 +251,11 @@ class WorkerPool:
         engine = Engine(self.clock, heartbeat=self.heartbeat, stopping=self.stopping.is_set)
         try:
             while not self.stopping.is_set() and self.error is None:
-                exhausted, ticket = self._work_due(engine, owner)
+                exhausted = self._work_due(engine, owner)
                 if exhausted or self.waker is None or self.run_id is not None or self._past_deadline():
                     break
-                # The last claim found nothing; a wake since its ticket (taken before it) ends the wait at once.
-                self.waker.wait(self._idle_timeout(), since=ticket, unless=self.stopping.is_set)
+                # The last claim found nothing; a wake since it began left a permit, which ends the wait at once.
+                self.waker.wait(self._idle_timeout(), unless=self.stopping.is_set)
         except DatabaseError as exc:
             self.error = exc
             self.stopping.set()
@@ -261,14 +275,11 @@ class WorkerPool:
             timeout = max(0.0, min(timeout, self.deadline - time.monotonic()))
         return timeout
 
-    def _work_due(self, engine: Engine, owner: str) -> tuple[bool, int]:
-        """Claim and work runs until none is due; return whether the budget ran out, and the waker's ticket taken
-        before the last claim (the one that found nothing)."""
-        ticket = 0
+    def _work_due(self, engine: Engine, owner: str) -> bool:
+        """Claim and work runs until none is due; return whether the budget ran out."""
         while not self.stopping.is_set() and not self._past_deadline():
             if not self.budget.take():
-                return True, ticket
-            ticket = self.waker.ticket() if self.waker is not None else 0
+                return True
             asked = time.monotonic() if self.on_claim is not None else 0.0
             claimed = store.claim(
                 owner=owner,
@@ -283,8 +294,9 @@ class WorkerPool:
             if claimed is None:
                 self.budget.give_back()
                 break
-            if self.waker is not None and self.run_id is None:
-                self.waker.wake()  # more may be due: the next idle thread looks while this one works
+            if self.waker is not None and self.run_id is None and more_due_after_last_claim():
+                # Another run was due behind this one: the next idle thread looks while this one works.
+                self.waker.wake()
             run_id = claimed.lease.run_id
             with self._lock:
                 self._in_hand[threading.current_thread().name] = InHand(
@@ -308,7 +320,7 @@ class WorkerPool:
                 self.on_outcome(outcome)
             if self.run_id is not None:
                 break
-        return False, ticket
+        return False
 
 
 def _before_first_intent() -> Callable[[str], None] | None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test import Client
 
 from durableruns.models import Escalation, RunState, RunStatus
@@ -56,6 +59,17 @@ def test_a_cron_pass_under_use_tz_false_stops_at_the_check_instead_of_crash_loop
     run = RunState.objects.get(pk=run_id)
     assert (run.status, run.owner, run.epoch) == (RunStatus.RUNNING, "dead-worker", 1)  # nobody claimed it
     assert far.payments.count() == 0
+
+
+def test_resume_runs_runs_the_durableruns_checks_before_it_claims_anything(settings):
+    """The checks resume_runs runs at start (not every one of the site's: see the command) include E003."""
+    run_id = make_run("scripted")
+    settings.USE_TZ = False
+    with pytest.raises(SystemCheckError, match=r"\(durableruns\.E003\) durableruns needs USE_TZ = True"):
+        call_command("resume_runs", "--once", skip_checks=False, stdout=StringIO(), stderr=StringIO())
+    settings.USE_TZ = True
+    run = RunState.objects.get(pk=run_id)
+    assert (run.status, run.epoch) == (RunStatus.PENDING, 0)  # nobody claimed it
 
 
 def test_the_admin_pages_render_naive_times_as_the_sites_local_time(settings, as_operator: Client):

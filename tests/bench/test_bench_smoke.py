@@ -97,11 +97,15 @@ def test_every_figure_is_written_with_positive_medians(results):
     assert fidelity["same_as_built"] is True and fidelity["record"]["attempts"][-1][2] == "started"
 
     io = figures["io_bound"]
-    for name in ("durableruns", "durableruns_net_of_startup", "durableruns_working_span", "dbos"):
+    for name in ("durableruns_loop", "durableruns", "durableruns_net_of_startup", "durableruns_working_span", "dbos"):
         positive(io[name]["seconds"], f"io_bound {name}")
         positive(io[name]["steps_per_s"], f"io_bound {name} steps/s")
     assert io["critical_path_s"] == 0.1 and io["durableruns_over_dbos"]["ratio"] > 0
+    assert io["durableruns_loop_over_dbos"]["ratio"] > 0
+    # The poll that saw every run completed came after the last completion the database recorded.
+    assert io["durableruns_loop_polled_s"]["median"] >= io["durableruns_loop"]["seconds"]["median"]
     assert io["params"]["worker_args"].startswith("--once --concurrency ")
+    assert io["params"]["loop_worker_args"].startswith("--loop --concurrency ")
 
     scaling = figures["scaling"]
     levels = scaling["levels"]

@@ -116,3 +116,18 @@ def test_the_lease_defaults_to_the_environment_setting():
     result = manage("shell", "-c", "from durableruns import conf; print(conf.lease_seconds())",
                     DURABLERUNS_LEASE_SECONDS="7.5")
     assert result.stdout.strip().splitlines()[-1] == "7.5", result.stderr
+
+
+def test_resume_runs_checks_every_durableruns_check_at_start():
+    """resume_runs runs the checks tagged durableruns (and the models'), not the site's template and URL checks,
+    which import every template library and the whole URLconf: a worker renders no page. So every check
+    durableruns registers must carry the tag, or resume_runs would start past it."""
+    from django.core.checks.registry import registry
+
+    from durableruns.management.commands.resume_runs import Command
+
+    ours = [check for check in registry.get_checks(include_deployment_checks=True)
+            if check.__module__.split(".")[0] == "durableruns"]
+    assert len(ours) >= 5, ours
+    assert [check.__name__ for check in ours if "durableruns" not in check.tags] == []
+    assert "durableruns" in Command.requires_system_checks

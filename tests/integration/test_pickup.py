@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -164,3 +165,46 @@ def test_a_new_run_rouses_one_idle_thread_not_all_of_them_and_a_burst_fans_out()
     finally:
         stopping.set()
         pass_.join(30)
+
+
+def test_the_timer_of_a_thread_whose_claim_found_nothing_is_what_that_claim_read():
+    """An idle thread's timer (when the next run comes due by itself) rides on the claim that found nothing: no
+    statement of its own then, the same figure, on the database's clock; asked again later, it reads anew."""
+    from django.db.models.functions import Now
+    from django.test.utils import CaptureQueriesContext
+
+    from durableruns import store
+    from durableruns.worker.listener import seconds_until_next_due
+
+    run_id = make_run()
+    RunState.objects.filter(pk=run_id).update(status=RunStatus.WAITING, wake_at=Now() + timedelta(seconds=60))
+    assert store.claim(owner="timer", lease_seconds=30) is None
+    with CaptureQueriesContext(connection) as queries:
+        seconds = seconds_until_next_due()
+    assert len(queries) == 0 and seconds is not None and 58 < seconds <= 60
+    with CaptureQueriesContext(connection) as queries:
+        again = seconds_until_next_due()
+    assert len(queries) == 1 and again is not None and 58 < again <= 60
+    RunState.objects.filter(pk=run_id).update(status=RunStatus.PENDING, wake_at=None)
+    assert store.claim(owner="timer", lease_seconds=30) is not None
+    with CaptureQueriesContext(connection) as queries:
+        assert seconds_until_next_due() is not None  # the claim took a run: the timer reads for itself
+    assert len(queries) == 1
+
+
+def test_a_claim_says_whether_another_run_was_due_behind_the_one_it_took():
+    """The thread that took a run wakes another idle one only if another was due: a lone new run costs one claim."""
+    from django.db.models.functions import Now
+
+    from durableruns import store
+    from durableruns.pgsql import more_due_after_last_claim
+
+    first, second, later = make_run(), make_run(), make_run()
+    RunState.objects.filter(pk=later).update(status=RunStatus.WAITING, wake_at=Now() + timedelta(seconds=60))
+    taken = store.claim(owner="more", lease_seconds=30)
+    assert taken is not None and taken.lease.run_id == first and more_due_after_last_claim() is True
+    taken = store.claim(owner="more", lease_seconds=30)
+    assert taken is not None and taken.lease.run_id == second
+    assert more_due_after_last_claim() is False  # the waiting run behind it is not due yet
+    assert store.claim(owner="more", lease_seconds=30) is None
+    assert more_due_after_last_claim() is True  # nothing known: the caller wakes, as it always did

@@ -7,10 +7,11 @@ import signal
 import sys
 from typing import Any
 
+from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, InterfaceError, OperationalError
 
-from durableruns import conf, connections, services
+from durableruns import checks, conf, connections, services
 from durableruns.clock import host_skew, on_postgresql
 from durableruns.engine import RunOutcome
 from durableruns.ops import metrics
@@ -33,6 +34,11 @@ class Command(BaseCommand):
         "Claim and work due runs: new ones, ones whose lease expired, waiting ones whose time has come, and ones "
         "whose escalation was decided. Runs left waiting or needing a decision are outcomes, not errors."
     )
+    # durableruns' own checks (an error, such as USE_TZ = False, stops the command before it claims anything) and
+    # the models', as collectstatic runs the staticfiles checks alone: not the site's template and URL checks,
+    # which import every template tag library and the whole URLconf (a third of a process start) for a worker
+    # that renders no page. `manage.py check` runs them all, and --skip-checks skips these too.
+    requires_system_checks = [checks.TAG, Tags.models]
 
     def add_arguments(self, parser: Any) -> None:
         mode = parser.add_mutually_exclusive_group()
