@@ -31,15 +31,21 @@ def test_many_wakes_while_nobody_waits_leave_one_permit():
     assert waker.wait(0.05) is False
 
 
-def test_wakes_while_threads_wait_rouse_one_thread_each():
-    waker = Waker()
+def three_waiting(waker: Waker, timeout: float) -> tuple[list[threading.Thread], list[bool]]:
+    """Three threads waiting on `waker` (each appends what its wait returned), once all three wait."""
     woken: list[bool] = []
-    threads = [threading.Thread(target=lambda: woken.append(waker.wait(5.0))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: woken.append(waker.wait(timeout)), daemon=True) for _ in range(3)]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 5
     while waker._waiting < 3 and time.monotonic() < deadline:
         time.sleep(0.005)
+    return threads, woken
+
+
+def test_wakes_while_threads_wait_rouse_one_thread_each():
+    waker = Waker()
+    threads, woken = three_waiting(waker, 5.0)
     waker.wake()
     waker.wake()
     time.sleep(0.2)
@@ -52,15 +58,8 @@ def test_wakes_while_threads_wait_rouse_one_thread_each():
 
 def test_wake_all_ends_every_wait_without_a_permit():
     waker = Waker()
-    woken: list[bool] = []
-    threads = [threading.Thread(target=lambda: woken.append(waker.wait(5.0))) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 5
-    while waker._waiting < 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    began = time.monotonic()
+    threads, woken = three_waiting(waker, 60.0)  # far longer than the joins below allow: only a wake ends them
     waker.wake_all()
     for thread in threads:
-        thread.join(5)
-    assert woken == [False, False, False] and time.monotonic() - began < 1.0
+        thread.join(10)
+    assert woken == [False, False, False] and not any(thread.is_alive() for thread in threads)
