@@ -79,11 +79,11 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        (SELECT step FROM first), (SELECT effect_key FROM first), c.ending,
        -- nothing claimed: the thread goes idle, and its timer needs when the next run comes due by itself (read
        -- here, in the same round trip; a CASE branch not taken runs none of its subqueries)
-       CASE WHEN c.run_id IS NULL THEN """ + NEXT_DUE + """ END,
+       CASE WHEN c.run_id IS NULL AND %(hints)s THEN """ + NEXT_DUE + """ END,
        -- a run taken: whether another was due behind it (in the same index order, as this statement saw the
        -- record), so that the thread wakes another idle one only then (worker.pool); one committed since
        -- notifies on its own
-       CASE WHEN c.run_id IS NOT NULL THEN EXISTS (
+       CASE WHEN c.run_id IS NOT NULL AND %(hints)s THEN EXISTS (
          SELECT 1 FROM run_state o
           WHERE o.status IN ('pending', 'running', 'waiting') AND o.created_at >= c.created_at
             AND o.run_id <> c.run_id
@@ -279,15 +279,19 @@ Times = dict[str, timedelta]
 
 
 def claim(*, owner: str, times: Times, first_steps: str,
-          before_commit: Callable[[str], None] | None = None) -> Claim | None:
+          before_commit: Callable[[str], None] | None = None, hints: bool = False) -> Claim | None:
     """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
     at once. A fresh run of a workflow in `first_steps` (JSON: workflow, fingerprint, step) gets its first
     step's intent in the same commit; the row ends with that step and its effect key, or two NULLs.
 
     The statement always runs in a transaction of its own with _CLAIM_PLANNING, so every plan PostgreSQL makes
     for it (custom, generic, or again after an ANALYZE) walks the index. `before_commit(step)` (fault injection)
-    is called with the transaction still open when a first intent rode on the claim: nothing is recorded yet."""
-    params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, **times}
+    is called with the transaction still open when a first intent rode on the claim: nothing is recorded yet.
+
+    With `hints` (a worker whose idle threads wait on a waker) the row also says when the next run comes due by
+    itself (nothing claimed) or whether another was due behind the one taken (next_due_from_last_claim,
+    more_due_after_last_claim); without, neither subquery runs, and a --once pass pays nothing for them."""
+    params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, "hints": hints, **times}
     db = connections[DEFAULT_DB_ALIAS]
     setattr(db, _NEXT_DUE_ATTRIBUTE, None)
     setattr(db, _MORE_DUE_ATTRIBUTE, None)
@@ -326,9 +330,11 @@ def claim(*, owner: str, times: Times, first_steps: str,
     if row is None:
         return None
     if row[0] is None:  # nothing was due: the row carries NEXT_DUE alone
-        setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), row[9]))
+        if hints:
+            setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), row[9]))
         return None
-    setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
+    if hints:
+        setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
     return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
 
 

@@ -313,8 +313,8 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
 
 
 def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: str | None = None,
-          first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None
-          ) -> Claimed | None:
+          first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None,
+          hints: bool = False) -> Claimed | None:
     """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch.
 
     The first time this process (this deploy) finds nothing due, it first makes workable again the runs stopped
@@ -323,10 +323,10 @@ def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: 
     again when idle every DURABLERUNS_MISSING_STEP_RETRY_SECONDS, for runs another deploy's workers stopped since.
     """
     taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id, first_steps=first_steps,
-                   before_first_intent=before_first_intent)
+                   before_first_intent=before_first_intent, hints=hints)
     if taken is None and run_id is None and _reopen_when_due(clock):
         taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=None, first_steps=first_steps,
-                       before_first_intent=before_first_intent)
+                       before_first_intent=before_first_intent, hints=hints)
     return taken
 
 
@@ -366,7 +366,7 @@ def reopen_runnable(*, clock: Clock = DATABASE) -> int:
 
 
 def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None, first_steps: FirstSteps,
-           before_first_intent: Callable[[str], None] | None) -> Claimed | None:
+           before_first_intent: Callable[[str], None] | None, hints: bool = False) -> Claimed | None:
     """One claim, as `claim` describes it.
 
     On PostgreSQL, when it takes the oldest due run, a fresh run whose (workflow, plan fingerprint) is in
@@ -376,7 +376,8 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
     """
     if run_id is None and _fast():
         taken = pgsql.claim(owner=owner, times={"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)},
-                            first_steps=_first_steps_json(first_steps), before_commit=before_first_intent)
+                            first_steps=_first_steps_json(first_steps), before_commit=before_first_intent,
+                            hints=hints)
         if taken is None:
             return None
         taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending = taken
@@ -852,7 +853,8 @@ def delete_runs(ids: list[str]) -> dict[str, int]:
     deleted = {}
     with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
         for counter, table in _RUN_TABLES:
-            cursor.execute(f"DELETE FROM {table} WHERE run_id IN ({placeholders})", ids)  # noqa: S608
+            # The table names are the models' own (above), never input; the ids go as parameters.
+            cursor.execute(f"DELETE FROM {table} WHERE run_id IN ({placeholders})", ids)
             deleted[counter] = cursor.rowcount
     return deleted
 

@@ -288,6 +288,7 @@ class WorkerPool:
                 run_id=self.run_id,
                 first_steps=first_steps(),
                 before_first_intent=_before_first_intent(),
+                hints=self.waker is not None,  # idle threads that wait need when to wake, and whom
             )
             if self.on_claim is not None:
                 self.on_claim(time.monotonic() - asked)

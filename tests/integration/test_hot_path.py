@@ -96,7 +96,8 @@ def claim_plan(*, planning: str) -> str:
     """EXPLAIN of the engine's claim, sent with `planning` in front as the engine sends its own."""
     with connection.cursor() as cursor:
         cursor.execute(planning + "EXPLAIN " + pgsql._CLAIM,
-                       {"owner": "w", "shift": timedelta(0), "lease": timedelta(seconds=30), "first_steps": "[]"})
+                       {"owner": "w", "shift": timedelta(0), "lease": timedelta(seconds=30), "first_steps": "[]",
+                        "hints": True})
         if planning:
             cursor.nextset()
         return "\n".join(line for (line,) in cursor.fetchall())

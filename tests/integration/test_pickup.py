@@ -178,7 +178,7 @@ def test_the_timer_of_a_thread_whose_claim_found_nothing_is_what_that_claim_read
 
     run_id = make_run()
     RunState.objects.filter(pk=run_id).update(status=RunStatus.WAITING, wake_at=Now() + timedelta(seconds=60))
-    assert store.claim(owner="timer", lease_seconds=30) is None
+    assert store.claim(owner="timer", lease_seconds=30, hints=True) is None
     with CaptureQueriesContext(connection) as queries:
         seconds = seconds_until_next_due()
     assert len(queries) == 0 and seconds is not None and 58 < seconds <= 60
@@ -186,7 +186,7 @@ def test_the_timer_of_a_thread_whose_claim_found_nothing_is_what_that_claim_read
         again = seconds_until_next_due()
     assert len(queries) == 1 and again is not None and 58 < again <= 60
     RunState.objects.filter(pk=run_id).update(status=RunStatus.PENDING, wake_at=None)
-    assert store.claim(owner="timer", lease_seconds=30) is not None
+    assert store.claim(owner="timer", lease_seconds=30, hints=True) is not None
     with CaptureQueriesContext(connection) as queries:
         assert seconds_until_next_due() is not None  # the claim took a run: the timer reads for itself
     assert len(queries) == 1
@@ -201,10 +201,14 @@ def test_a_claim_says_whether_another_run_was_due_behind_the_one_it_took():
 
     first, second, later = make_run(), make_run(), make_run()
     RunState.objects.filter(pk=later).update(status=RunStatus.WAITING, wake_at=Now() + timedelta(seconds=60))
-    taken = store.claim(owner="more", lease_seconds=30)
+    taken = store.claim(owner="more", lease_seconds=30, hints=True)
     assert taken is not None and taken.lease.run_id == first and more_due_after_last_claim() is True
-    taken = store.claim(owner="more", lease_seconds=30)
+    taken = store.claim(owner="more", lease_seconds=30, hints=True)
     assert taken is not None and taken.lease.run_id == second
     assert more_due_after_last_claim() is False  # the waiting run behind it is not due yet
-    assert store.claim(owner="more", lease_seconds=30) is None
+    assert store.claim(owner="more", lease_seconds=30, hints=True) is None
     assert more_due_after_last_claim() is True  # nothing known: the caller wakes, as it always did
+    # A pass with no idle threads to wake (--once) does not ask: the claim reads neither hint.
+    make_run(), make_run()
+    assert store.claim(owner="once", lease_seconds=30) is not None
+    assert more_due_after_last_claim() is True  # not known, though another was due behind it
