@@ -51,6 +51,8 @@ def given_back(acquisitions: Sequence[Acquisition], attempts: Sequence[StepAttem
     """The acquisitions whose latest holding was given back: a run that goes on (it was stopped for a missing
     step, released what it held, and a deploy with the step came back) must acquire them again before the steps
     that rely on them, rather than carry on with a hold it no longer has."""
+    if not acquisitions:  # most workflows: nothing to read on each claim
+        return frozenset()
     latest = _latest(attempts)
     return frozenset(
         acq.step
