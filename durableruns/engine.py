@@ -23,7 +23,7 @@ from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
 from durableruns.errors import DeclarationError, EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
-from durableruns.holdings import acquisition_round, assess, given_back, release_order, round_key
+from durableruns.holdings import acquisition_round, assess, given_back, last_completed, release_order, round_key
 from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep
 from durableruns.plans import Plan
 from durableruns.policies import (
@@ -97,8 +97,7 @@ class _Pass:
         """[failures, crashes] of `step` since staff last gave it a fresh count; the pass adds to it in place."""
         counts = self._tally.get(step)
         if counts is None:  # since staff's fresh count, or since it last completed (an acquisition made again)
-            floor = max([self.floor(step), *(a.attempt for a in self.attempts if a.step == step
-                                             and a.status == "completed")])
+            floor = max(self.floor(step), last_completed(self.attempts, step))
             mine = [a for a in self.attempts if a.step == step and a.attempt > floor]
             counts = self._tally[step] = [sum(a.status == "failed" for a in mine),
                                           sum(a.status == "started" for a in mine)]

@@ -53,7 +53,7 @@ def given_back(acquisitions: Sequence[Acquisition], attempts: Sequence[StepAttem
     that rely on them, rather than carry on with a hold it no longer has."""
     if not acquisitions:  # most workflows: nothing to read on each claim
         return frozenset()
-    latest = _latest(attempts)
+    latest = latest_attempts(attempts)
     return frozenset(
         acq.step
         for acq in acquisitions
@@ -132,7 +132,8 @@ def lapse_phrase(left: timedelta) -> str:
     return f"lapses in {amount}" if left >= timedelta(0) else f"lapsed {amount} ago"
 
 
-def _latest(attempts: Sequence[StepAttempt]) -> dict[str, StepAttempt]:
+def latest_attempts(attempts: Sequence[StepAttempt]) -> dict[str, StepAttempt]:
+    """Each step's latest attempt, by step name."""
     latest: dict[str, StepAttempt] = {}
     for a in attempts:
         seen = latest.get(a.step)
@@ -143,7 +144,7 @@ def _latest(attempts: Sequence[StepAttempt]) -> dict[str, StepAttempt]:
 
 def assess(plan: Sequence[str], acquisitions: Sequence[Acquisition], attempts: Sequence[StepAttempt]) -> list[Holding]:
     """Every acquisition of the plan with its state, in plan order, from the run's attempts (releases included)."""
-    latest = _latest(attempts)
+    latest = latest_attempts(attempts)
     completed_run = bool(plan) and all(step in latest and latest[step].status == "completed" for step in plan)
     out = []
     for acq in acquisitions:
@@ -157,7 +158,7 @@ def assess(plan: Sequence[str], acquisitions: Sequence[Acquisition], attempts: S
             for a in attempts
             if a.step == acq.release_step
             and a.status != "completed"
-            and a.attempt > _last_completed(attempts, acq.release_step)
+            and a.attempt > last_completed(attempts, acq.release_step)
         ]
         handed_on = latest.get(acq.released_by) if acq.released_by else None
         state = HoldState.NOT_ACQUIRED
@@ -192,7 +193,8 @@ def assess(plan: Sequence[str], acquisitions: Sequence[Acquisition], attempts: S
     return out
 
 
-def _last_completed(attempts: Sequence[StepAttempt], step: str) -> int:
+def last_completed(attempts: Sequence[StepAttempt], step: str) -> int:
+    """The number of `step`'s latest completed attempt, 0 if none: attempts after it belong to a new holding."""
     return max((a.attempt for a in attempts if a.step == step and a.status == "completed"), default=0)
 
 

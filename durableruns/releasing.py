@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 from durableruns import conf, store, testing
 from durableruns.boundary import StepAttempt
 from durableruns.errors import DeclarationError, EffectInTransaction, FencedOut
-from durableruns.holdings import HoldState, assess, release_order, release_round, round_key
+from durableruns.holdings import (
+    HoldState,
+    assess,
+    last_completed,
+    latest_attempts,
+    release_order,
+    release_round,
+    round_key,
+)
 from durableruns.models import Escalation, Resolution, RunStatus
 from durableruns.policies import Action, Next, Outcome, Policy, after_failure, cap_crashes
 from durableruns.registry import Step, effect_key
@@ -47,7 +55,7 @@ def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str, st
         return engine._release(state.lease, ending, reason)
     if not state.claimed.ending:
         store.begin_ending(state.lease, ending=ending, reason=reason, clock=engine.clock)
-    latest = _latest(attempts)
+    latest = latest_attempts(attempts)
     state.results = {s: a.result for s, a in latest.items() if a.status == "completed" and s in state.plan_names}
     given_back = []
     for holding in todo:
@@ -74,14 +82,6 @@ def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str, st
     status = store.end(state.lease, clock=engine.clock, **final)
     detail = f"gave back {', '.join(given_back)} before ending" if given_back else "nothing held to give back"
     raise _Stop(RunOutcome(run_id=state.run_id, status=status, detail=detail, steps_run=state.steps_run))
-
-
-def _latest(attempts: Sequence[StepAttempt]) -> dict[str, StepAttempt]:
-    latest: dict[str, StepAttempt] = {}
-    for a in attempts:
-        if a.step not in latest or a.attempt > latest[a.step].attempt:
-            latest[a.step] = a
-    return latest
 
 
 def _settle_acquisition(engine: Engine, state: _Pass, step: Step, attempt: StepAttempt) -> bool:
@@ -130,7 +130,7 @@ def _release_one(
     last = mine[-1] if mine else None
     # Failures count again after staff said an escalated release did not happen, and for each new holding: the
     # releases of one the run gave back before (and then acquired again) are not this release's attempts.
-    floor = max((a.attempt for a in mine if a.status == "completed"), default=0)
+    floor = last_completed(attempts, release.name)
     if last is not None and last.status == "failed":
         escalation = (
             Escalation.objects.for_attempt(state.run_id, release.name, last.attempt).select_related("decision").first()
