@@ -202,14 +202,19 @@ class Engine:
             return self._release(lease, RunStatus.COMPLETED, "")
         store.record_plan(plan, clock=self.clock)  # a no-op once this process knows it is recorded
         state = self._pass(claimed, plan, workflow, boundary, attempts)
+        if claimed.ending:  # a run ending unfinished gives back what it holds, then ends
+            stopped = _stopped_reason(claimed, plan, missing) if missing else ""
+            return self._settled(state, lambda: self._end_unfinished(state, claimed.ending, "", stopped=stopped))
+        return self._settled(state, lambda: self._drive(state))
+
+    def _settled(self, state: _Pass, go: Callable[[], RunOutcome]) -> RunOutcome:
+        """Run the pass `go`; its outcome, whether it returned, stopped (_Stop), or found itself fenced out."""
         try:
-            if claimed.ending:  # a run ending unfinished gives back what it holds, then ends
-                return self._end_unfinished(state, claimed.ending, reason="",
-                                            stopped=_stopped_reason(claimed, plan, missing) if missing else "")
-            return self._drive(state)
+            return go()
         except _Stop as stop:
             return stop.outcome
         except FencedOut as exc:
+            lease = state.lease
             log.warning("run %s: fenced out: %s", lease.run_id, exc)
             return RunOutcome(run_id=lease.run_id, status="fenced_out",
                               detail=f"another worker took the run (epoch {lease.epoch} is stale); wrote nothing more",
@@ -489,14 +494,8 @@ class Engine:
         if (workflow is not None and plan is not None and boundary is not None and attempts is not None
                 and release_order(assess(plan.names, workflow.acquisitions(), attempts))):
             state = self._pass(claimed, plan, workflow, boundary, attempts)
-            try:
-                return self._end_unfinished(state, RunStatus.NEEDS_DECISION, stopped, stopped=stopped)
-            except _Stop as stop:
-                return stop.outcome
-            except FencedOut as exc:
-                log.warning("run %s: fenced out: %s", lease.run_id, exc)
-                return RunOutcome(run_id=lease.run_id, status="fenced_out", steps_run=state.steps_run,
-                                  detail=f"another worker took the run (epoch {lease.epoch} is stale); wrote nothing")
+            return self._settled(state, lambda: self._end_unfinished(state, RunStatus.NEEDS_DECISION, stopped,
+                                                                     stopped=stopped))
         return self._release(lease, RunStatus.NEEDS_DECISION, stopped)
 
     def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
