@@ -105,10 +105,10 @@ def loop_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tup
         wait_idle(backends=workers * concurrency)
         first, _ = _start_and_wait(runs, workers, prefix="first")
         for batch in range(1, WARM_UP_BATCHES):
-            app.reset()
+            app.clear()  # not TRUNCATE, which would make every worker's connection plan its statements anew
             wait_idle(backends=workers * concurrency)
             _start_and_wait(runs, workers, prefix=f"warm{batch}")
-        app.reset()
+        app.clear()
         wait_idle(backends=workers * concurrency)
         seconds, polled = _start_and_wait(runs, workers, prefix="io")
     finally:

@@ -55,6 +55,7 @@ class Size:
     boundary_calls: int
     recovery_runs: int
     io_runs: int  # I/O-bound runs (5 steps of 20 ms) per round, against DBOS
+    io_repeat: int  # its rounds: more than the other process figures, since the 2 cores' noise moves it most
     io_workers: int
     io_concurrency: int
     scaling_levels: tuple[tuple[int, int], ...]  # (--concurrency, runs) for one process
@@ -65,12 +66,12 @@ SIZES = {
     "tiny": Size(name="tiny", repeat=3, loop_repeat=2, process_repeat=1, floor_commits=50, engine_runs=5, dbos_workflows=5,
                  throughput_runs=200, claim_levels=(0, 1_000, 10_000), claims=50, loop_items=120,
                  loop_item_seconds=0.0005, batch_sizes=(1, 5, 10, 25, 50, 100), boundary_attempts=(1, 10, 100),
-                 boundary_calls=5, recovery_runs=20, io_runs=20, io_workers=2, io_concurrency=8,
+                 boundary_calls=5, recovery_runs=20, io_runs=20, io_repeat=1, io_workers=2, io_concurrency=8,
                  scaling_levels=((1, 4), (4, 16)), pickup_runs=8),
     "full": Size(name="full", repeat=10, loop_repeat=5, process_repeat=3, floor_commits=200, engine_runs=20, dbos_workflows=20,
                  throughput_runs=10_000, claim_levels=(0, 100_000, 1_000_000), claims=300, loop_items=240,
                  loop_item_seconds=0.005, batch_sizes=(1, 5, 10, 25, 50, 100), boundary_attempts=(1, 10, 100),
-                 boundary_calls=50, recovery_runs=1_000, io_runs=200, io_workers=2, io_concurrency=32,
+                 boundary_calls=50, recovery_runs=1_000, io_runs=200, io_repeat=5, io_workers=2, io_concurrency=32,
                  scaling_levels=((1, 30), (8, 160), (32, 480), (128, 960)), pickup_runs=100),
 }
 
@@ -83,7 +84,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                              "2 and 5)")
     parser.add_argument("--process-repeat", type=int, default=None,
                         help="rounds of the figures that start processes: throughput, recovery, io_bound, "
-                             "scaling, pickup (default: tiny 1, full 3)")
+                             "scaling, pickup (default: tiny 1, full 3; io_bound 5)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/results)")
     parser.add_argument("--only", default=",".join(FIGURES),
                         help=f"comma-separated figures to run (default all: {','.join(FIGURES)})")
@@ -152,7 +153,7 @@ def run(size: Size, *, out: Path, only: tuple[str, ...], dbs: Databases, profile
                                                   repeat=size.repeat),
         "recovery": lambda: recovery.measure(dbs=dbs, runs=size.recovery_runs, repeat=size.process_repeat),
         "io_bound": lambda: io_bound.measure(dbs=dbs, runs=size.io_runs, workers=size.io_workers,
-                                             concurrency=size.io_concurrency, repeat=size.process_repeat),
+                                             concurrency=size.io_concurrency, repeat=size.io_repeat),
         "scaling": lambda: scaling.measure(dbs=dbs, levels=size.scaling_levels, repeat=size.process_repeat),
         "pickup": lambda: pickup.measure(dbs=dbs, runs=size.pickup_runs, repeat=size.process_repeat),
     }
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     size = SIZES[args.size]
     overrides = {k: v for k, v in (("repeat", args.repeat), ("loop_repeat", args.repeat),
-                                   ("process_repeat", args.process_repeat)) if v}
+                                   ("process_repeat", args.process_repeat), ("io_repeat", args.process_repeat))
+                 if v}
     if overrides:
         size = Size(**{**asdict(size), **overrides})
     only = tuple(name for name in args.only.split(",") if name)
