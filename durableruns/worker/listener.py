@@ -72,6 +72,7 @@ class Listener(Background):
                         log.warning("listener: listening on %s again", CHANNEL)
                     self.lost_since = None
                     self.listening.set()
+                    self.waker.hearing = True
                     self.waker.wake()  # what came due while nobody listened is picked up now
                     while not self._stopped.is_set():
                         for _ in conn.notifies(timeout=0.5):
@@ -81,11 +82,13 @@ class Listener(Background):
                             raise psycopg.OperationalError("the listening connection was closed")
             except psycopg.Error as exc:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self.waker.hearing = False  # before anything else: a notification may be lost from now on
                 if self.listening.is_set() or self.lost_since is None:
                     log.warning("listener lost (%s): polling until it is back", reason)
                 self.listening.clear()
                 self.lost_since = reason
                 self._stopped.wait(self.RETRY_SECONDS)
+        self.waker.hearing = False
         self.listening.clear()
 
 

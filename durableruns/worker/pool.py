@@ -5,7 +5,8 @@ so two threads never hold one run, by the same fencing that keeps two hosts apar
 heartbeat (one renewal statement per beat for every lease in hand), one budget (`--limit`), one deadline
 (`--max-seconds`), and one stop flag: once it is set, no thread claims again, and each hands its run back after
 the step in hand. Idle threads wait on the waker (a notification, a timer for the next wake time, or the poll
-interval), so the process holds no connection busy while nothing is due.
+interval), so the process holds no connection busy while nothing is due. While notifications reach the process,
+a thread that ends a run goes idle without a claim if the process knows nothing else is due (Waker.nothing_due).
 """
 
 from __future__ import annotations
@@ -74,12 +75,47 @@ class Waker:
         self._permits = 0
         self._waiting = 0
         self._all = 0  # bumped by wake_all: every wait then ends
+        # What the process knows of the record between claims (nothing_due): wakes so far, how many there were
+        # when the latest claim that saw nothing (else) due began, and the latest reading of when the next run
+        # comes due by itself (this process's monotonic clock when read, and the seconds it said then).
+        self._wakes = 0
+        self._quiet_at = -1
+        self._next_due: tuple[float, float | None] | None = None
+        self.hearing = False  # set by the listener while notifications reach this process
 
     def wake(self) -> None:
         """Rouse one idle thread, or, if none waits, end the next wait at once."""
         with self._condition:
+            self._wakes += 1
             self._permits = min(self._permits + 1, max(1, self._waiting))
             self._condition.notify()
+
+    def wakes(self) -> int:
+        """How many wakes there have been: read before a claim, for saw_nothing_due after it."""
+        with self._condition:
+            return self._wakes
+
+    def saw_nothing_due(self, wakes: int, *, next_due: tuple[float, float | None] | None = None) -> None:
+        """A claim begun after `wakes` wakes found nothing due but what it took; `next_due`, if it read it: when
+        it read it (time.monotonic()) and the seconds until the next run comes due by itself (None: none will)."""
+        with self._condition:
+            self._quiet_at = max(self._quiet_at, wakes)
+            if next_due is not None and (self._next_due is None or next_due[0] >= self._next_due[0]):
+                self._next_due = next_due
+
+    def nothing_due(self) -> tuple[bool, float | None]:
+        """Whether the process knows that nothing is due now, and if so the seconds until the next run comes due
+        by itself (None: none will). It knows while notifications reach it, a claim that saw nothing else due
+        began after the last wake, and the latest reading of the next wake time has not come yet: whatever made
+        a run due since would have notified, and the thread that notification woke claims it."""
+        with self._condition:
+            if not self.hearing or self._quiet_at != self._wakes or self._next_due is None:
+                return False, None
+            read_at, seconds = self._next_due
+        if seconds is None:
+            return True, None
+        left = seconds - (time.monotonic() - read_at)
+        return (True, left) if left > 0 else (False, None)
 
     def wake_all(self) -> None:
         """Rouse every idle thread: the pool is stopping."""
@@ -251,11 +287,12 @@ class WorkerPool:
         engine = Engine(self.clock, heartbeat=self.heartbeat, stopping=self.stopping.is_set)
         try:
             while not self.stopping.is_set() and self.error is None:
-                exhausted = self._work_due(engine, owner)
+                exhausted, due_in = self._work_due(engine, owner)
                 if exhausted or self.waker is None or self.run_id is not None or self._past_deadline():
                     break
-                # The last claim found nothing; a wake since it began left a permit, which ends the wait at once.
-                self.waker.wait(self._idle_timeout(), unless=self.stopping.is_set)
+                # Nothing is due (the last claim found nothing, or the process knows); a wake since left a
+                # permit, which ends the wait at once.
+                self.waker.wait(self._idle_timeout(due_in), unless=self.stopping.is_set)
         except DatabaseError as exc:
             self.error = exc
             self.stopping.set()
@@ -266,20 +303,24 @@ class WorkerPool:
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
-    def _idle_timeout(self) -> float:
+    def _idle_timeout(self, due_in: float | None) -> float:
+        """How long an idle thread waits at most: the poll interval, or until just after `due_in` seconds, when
+        the next run comes due by itself."""
         timeout = self.idle_seconds
-        due_in = self.timer() if self.timer is not None else None
         if due_in is not None:  # wake just after it; a run due already but held elsewhere is not spun on
             timeout = min(timeout, max(due_in, 0.05) + 0.002)
         if self.deadline is not None:
             timeout = max(0.0, min(timeout, self.deadline - time.monotonic()))
         return timeout
 
-    def _work_due(self, engine: Engine, owner: str) -> bool:
-        """Claim and work runs until none is due; return whether the budget ran out."""
+    def _work_due(self, engine: Engine, owner: str) -> tuple[bool, float | None]:
+        """Claim and work runs until none is due; return whether the budget ran out, and the seconds until the
+        next run comes due by itself (None: none will, or not known)."""
+        waker = self.waker if self.run_id is None else None
         while not self.stopping.is_set() and not self._past_deadline():
             if not self.budget.take():
-                return True
+                return True, None
+            wakes = waker.wakes() if waker is not None else 0
             asked = time.monotonic() if self.on_claim is not None else 0.0
             claimed = store.claim(
                 owner=owner,
@@ -294,10 +335,18 @@ class WorkerPool:
                 self.on_claim(time.monotonic() - asked)
             if claimed is None:
                 self.budget.give_back()
-                break
-            if self.waker is not None and self.run_id is None and more_due_after_last_claim():
-                # Another run was due behind this one: the next idle thread looks while this one works.
-                self.waker.wake()
+                if self.timer is None:  # no timer (polling): nothing is known of when a run comes due
+                    return False, None
+                due_in = self.timer()  # read by the claim itself: no statement of its own
+                if waker is not None:
+                    waker.saw_nothing_due(wakes, next_due=(time.monotonic(), due_in))
+                return False, due_in
+            if waker is not None:
+                if more_due_after_last_claim():
+                    # Another run was due behind this one: the next idle thread looks while this one works.
+                    waker.wake()
+                else:
+                    waker.saw_nothing_due(wakes)
             run_id = claimed.lease.run_id
             with self._lock:
                 self._in_hand[threading.current_thread().name] = InHand(
@@ -321,7 +370,16 @@ class WorkerPool:
                 self.on_outcome(outcome)
             if self.run_id is not None:
                 break
-        return False
+            if waker is not None and outcome.status in _ENDED:
+                # A run that ended makes nothing due (one set to wait or handed back notifies, and is claimed
+                # again): if the process knows nothing else is, idle at once instead of a claim that finds nothing.
+                known, due_in = waker.nothing_due()
+                if known:
+                    return False, due_in
+        return False, None
+
+
+_ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 
 
 def _before_first_intent() -> Callable[[str], None] | None:

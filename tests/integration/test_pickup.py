@@ -14,9 +14,10 @@ import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection, connections, transaction
+from django.db.models.functions import Now
 
 import durableruns
-from durableruns import services
+from durableruns import pgsql, services
 from durableruns.models import Escalation, RunState, RunStatus, WorkerPresence
 from durableruns.worker.listener import Listener
 from durableruns.worker.pool import Stopping, Waker
@@ -162,6 +163,48 @@ def test_a_new_run_rouses_one_idle_thread_not_all_of_them_and_a_burst_fans_out()
                    timeout=10, what="the burst")
         owners = set(RunState.objects.filter(pk__in=burst).values_list("owner", flat=True))
         assert len(owners) >= 6, owners  # worked side by side, not one after another
+    finally:
+        stopping.set()
+        pass_.join(30)
+
+
+def test_a_thread_that_ends_a_run_while_nothing_else_is_due_goes_idle_without_a_claim():
+    """Runs started one at a time, each ending before the next starts: each costs the one claim that takes it.
+    The thread that ended it knows, from the process's own last claims and the notifications since, that nothing
+    else is due, so it goes idle at once instead of claiming to find nothing; and it still takes what comes."""
+    claims: list[str] = []
+    waker, stopping = Waker(), Stopping()
+    started_line: list[str] = []
+
+    def work() -> None:
+        try:
+            services.resume_due(concurrency=4, owner="trickle", waker=waker, stopping=stopping, listen=True,
+                                idle_seconds=30, on_start=started_line.append,
+                                on_claim=lambda seconds: claims.append(threading.current_thread().name))
+        finally:
+            connections.close_all()
+
+    pass_ = threading.Thread(target=work)
+    pass_.start()
+    try:
+        wait_until(lambda: started_line and len(claims) >= 4, what="four threads to look once and go idle")
+        time.sleep(0.3)
+        idle = len(claims)
+        runs = [durableruns.start("scripted", {}) for _ in range(1)]
+        for _ in range(5):
+            wait_until(lambda: status(runs[-1]) == RunStatus.COMPLETED, timeout=10, what="the run")
+            time.sleep(0.1)  # the thread that ended it has gone idle
+            runs.append(durableruns.start("scripted", {}))
+        wait_until(lambda: status(runs[-1]) == RunStatus.COMPLETED, timeout=10, what="the last run")
+        time.sleep(0.3)
+        assert len(claims) - idle == len(runs), claims[idle:]  # one claim a run: none found nothing
+        # A run that comes due by itself is still met by a thread's timer, not left to the 30 s poll.
+        timed = durableruns.start("scripted", {})
+        wait_until(lambda: status(timed) == RunStatus.COMPLETED, timeout=10, what="the run before the timed one")
+        with transaction.atomic():  # set to wait as store.release does it, which notifies
+            RunState.objects.filter(pk=timed).update(status=RunStatus.WAITING, wake_at=Now() + timedelta(seconds=1))
+            pgsql.wake_workers()
+        wait_until(lambda: status(timed) == RunStatus.COMPLETED, timeout=5, what="the run whose wake time came")
     finally:
         stopping.set()
         pass_.join(30)

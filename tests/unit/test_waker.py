@@ -3,7 +3,8 @@
 No database: threads and a condition only. A permit left while no thread waited ends the next wait at once (a run
 started while every thread was looking is not missed); many wakes then still send one thread, not one per wake
 (a burst of notifications while the threads were busy does not buy a claim each); and wakes while several
-threads wait rouse as many of them.
+threads wait rouse as many of them. And what the process knows between claims: nothing is due only while
+notifications reach it and none has come since a claim that saw nothing else due began.
 """
 
 from __future__ import annotations
@@ -63,3 +64,33 @@ def test_wake_all_ends_every_wait_without_a_permit():
     for thread in threads:
         thread.join(10)
     assert woken == [False, False, False] and not any(thread.is_alive() for thread in threads)
+
+
+def test_nothing_is_known_to_be_due_only_while_hearing_with_no_wake_since_a_quiet_claim():
+    waker = Waker()
+    waker.saw_nothing_due(waker.wakes(), next_due=(time.monotonic(), None))
+    assert waker.nothing_due() == (False, None)  # not hearing notifications: a run may be due unannounced
+    waker.hearing = True
+    assert waker.nothing_due() == (True, None)
+    began = waker.wakes()
+    waker.wake()  # something came due after that claim began: whoever takes the permit claims it
+    assert waker.nothing_due() == (False, None)
+    waker.saw_nothing_due(began)  # a claim begun before the wake does not cover it
+    assert waker.nothing_due() == (False, None)
+    waker.saw_nothing_due(waker.wakes())  # one begun after it, that took a run and saw nothing else due
+    assert waker.nothing_due() == (True, None)
+    waker.hearing = False
+    assert waker.nothing_due() == (False, None)
+
+
+def test_a_wake_time_read_by_a_quiet_claim_bounds_the_idle_wait_and_ends_the_knowledge_once_it_comes():
+    waker = Waker()
+    waker.hearing = True
+    assert waker.nothing_due() == (False, None)  # no claim has read when the next run comes due
+    waker.saw_nothing_due(waker.wakes(), next_due=(time.monotonic() - 2.0, 5.0))
+    known, left = waker.nothing_due()
+    assert known and left is not None and 2.9 < left <= 3.0
+    waker.saw_nothing_due(waker.wakes(), next_due=(time.monotonic() - 10.0, 1.0))  # an older reading: kept out
+    assert waker.nothing_due()[0]
+    waker.saw_nothing_due(waker.wakes(), next_due=(time.monotonic() - 1.0, 0.5))  # due already: claim instead
+    assert waker.nothing_due() == (False, None)
