@@ -194,11 +194,14 @@ class LoopWorker:
         env = dict(os.environ, **site_env(dbname), PYTHONUNBUFFERED="1")
         env.update(env_extra or {})
         self.lines: list[str] = []
+        self.errors: list[str] = []  # its stderr, read as it comes too (a pipe nobody read would fill up)
         self.started = threading.Event()
         self.proc = subprocess.Popen(worker_command(*args), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._readers = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._read_errors, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -206,6 +209,11 @@ class LoopWorker:
             self.lines.append(line.rstrip("\n"))
             if self.READY in line:
                 self.started.set()
+
+    def _read_errors(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.errors.append(line)
 
     def first_line(self, timeout: float = 120.0) -> str:
         """The worker's first line, once it has written it; raise (the worker stopped) if it does not in time."""
@@ -220,11 +228,13 @@ class LoopWorker:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            _, err = self.proc.communicate(timeout=60)
+            self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
-        self._reader.join(timeout=5)
+            self.proc.wait()
+        for reader in self._readers:  # to the end of both pipes: its summary line is the last on stdout
+            reader.join(timeout=5)
+        err = "".join(self.errors)
         if check and self.proc.returncode != 0:
             raise RuntimeError(f"the --loop worker exited {self.proc.returncode}: {err[-2000:]}")
         return self.proc.returncode

@@ -25,6 +25,7 @@ to do, is 5 x 20 ms.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -86,10 +87,11 @@ def wait_idle(*, backends: int, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def loop_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tuple[float, float, float]:
+def loop_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tuple[float, float, float, float]:
     """Seconds, on the database's clock, from the first durableruns.start() of ``runs`` I/O-bound runs until the
     last completed, worked by ``workers`` --loop processes of ``concurrency`` threads started (untimed) before;
-    and the same span as this process saw it, polling every 20 ms (an upper bound, for the record)."""
+    the same span as this process saw it, polling every 20 ms (an upper bound, for the record); the first
+    batch's seconds; and the claims that found nothing per run, over every batch (from the workers' summaries)."""
     app.reset()
     started = []
     try:
@@ -113,7 +115,17 @@ def loop_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tup
         seconds, polled = _start_and_wait(runs, workers, prefix="io")
     finally:
         app.stop_all(started)
-    return seconds, polled, first
+    empty = sum(found_nothing(worker.lines) for worker in started)
+    return seconds, polled, first, empty / (runs * (WARM_UP_BATCHES + 1))
+
+
+def found_nothing(lines: list[str]) -> int:
+    """The claims that found nothing, as a resume_runs process's summary line says at its exit."""
+    for line in reversed(lines):
+        said = re.search(r"(\d+) claim\(s\), (\d+) found nothing", line)
+        if said:
+            return int(said.group(2))
+    raise RuntimeError(f"no summary line from a --loop worker: {lines[-3:]}")
 
 
 def _start_and_wait(runs: int, workers: int, *, prefix: str) -> tuple[float, float]:
@@ -142,6 +154,7 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
     spans: list[float] = []
     polled: list[float] = []
     first_batch: list[float] = []
+    empty_claims: list[float] = []  # per run, in the --loop rounds
     dbos_threads: set[Any] = set()
     for _, name in rotation(rounds, repeat):
         if name == "dbos":
@@ -152,10 +165,11 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
         elif name == "startup":
             seconds[name].append(app.startup_seconds(dbs.app))
         elif name == "durableruns_loop":
-            wall, seen, first = loop_round(dbs.app, runs=runs, workers=workers, concurrency=concurrency)
+            wall, seen, first, empty = loop_round(dbs.app, runs=runs, workers=workers, concurrency=concurrency)
             seconds[name].append(wall)
             polled.append(seen)
             first_batch.append(first)
+            empty_claims.append(empty)
         else:
             wall, span = one_round(dbs.app, runs=runs, workers=workers, concurrency=concurrency)
             seconds[name].append(wall)
@@ -173,6 +187,7 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
     figures["process_startup_s"] = summarize(startup)
     figures["durableruns_loop_polled_s"] = summarize(polled)
     figures["durableruns_loop_first_batch_s"] = summarize(first_batch)
+    figures["durableruns_loop_empty_claims_per_run"] = summarize(empty_claims)
     figures["durableruns_loop_first_batch_over_dbos"] = ratio(summarize(first_batch), summaries["dbos"])
     figures["critical_path_s"] = CRITICAL_PATH_S
     figures["durableruns_loop_over_dbos"] = ratio(summaries["durableruns_loop"], summaries["dbos"])

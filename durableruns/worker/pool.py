@@ -172,6 +172,14 @@ class PassReport:
     seconds: float = 0.0
     pickup: str = ""  # how idle threads were woken at the end: the listener's state, or polling
     outlived: list[str] = field(default_factory=list)  # steps in hand that outlived their timeout (watchdog)
+    claims: int = 0  # claims made, and how many of them found nothing due
+    found_nothing: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count_claim(self, *, found: bool) -> None:
+        with self._lock:
+            self.claims += 1
+            self.found_nothing += not found
 
     @property
     def steps_run(self) -> int:
@@ -190,7 +198,8 @@ class PassReport:
         outlived = "".join(f"\n  outlived its timeout: {step}" for step in self.outlived)
         return (
             f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
-            f"{self.steps_run} step(s) run{pickup}{outlived}"
+            f"{self.steps_run} step(s) run; {self.claims} claim(s), {self.found_nothing} found nothing"
+            f"{pickup}{outlived}"
         )
 
 
@@ -333,6 +342,7 @@ class WorkerPool:
             )
             if self.on_claim is not None:
                 self.on_claim(time.monotonic() - asked)
+            self.report.count_claim(found=claimed is not None)
             if claimed is None:
                 self.budget.give_back()
                 if self.timer is None:  # no timer (polling): nothing is known of when a run comes due

@@ -27,6 +27,9 @@ def test_eight_threads_work_eight_runs_at_once_each_step_once():
     run_ids = [make_run("pool_napping", {"nap": 0.4}) for _ in range(16)]
     report = services.resume_due(concurrency=8, owner="host:1")
     assert report.counts() == {"completed": 16} and report.steps_run == 32
+    # A claim for each run, and one a thread that found nothing: a --once pass's thread stops at its first.
+    assert (report.claims, report.found_nothing) == (24, 8), report.summary()
+    assert "24 claim(s), 8 found nothing" in report.summary()
     assert owners(run_ids) <= {f"host:1#{n}" for n in range(1, 9)} and len(owners(run_ids)) == 8
     assert RunStep.objects.filter(run_id__in=run_ids).count() == 32  # one attempt per step per run
     assert set(RunStep.objects.values_list("attempt", flat=True)) == {1}
