@@ -90,6 +90,12 @@ class Waker:
             self._permits = min(self._permits + 1, max(1, self._waiting))
             self._condition.notify()
 
+    @property
+    def idle(self) -> int:
+        """How many threads wait now."""
+        with self._condition:
+            return self._waiting
+
     def wakes(self) -> int:
         """How many wakes there have been: read before a claim, for saw_nothing_due after it."""
         with self._condition:
@@ -345,11 +351,10 @@ class WorkerPool:
             self.report.count_claim(found=claimed is not None)
             if claimed is None:
                 self.budget.give_back()
-                if self.timer is None:  # no timer (polling): nothing is known of when a run comes due
+                if waker is None or self.timer is None:  # the thread stops here, or polls: no timer to set
                     return False, None
                 due_in = self.timer()  # read by the claim itself: no statement of its own
-                if waker is not None:
-                    waker.saw_nothing_due(wakes, next_due=(time.monotonic(), due_in))
+                waker.saw_nothing_due(wakes, next_due=(time.monotonic(), due_in))
                 return False, due_in
             if waker is not None:
                 if more_due_after_last_claim():

@@ -132,9 +132,10 @@ def test_a_lost_listener_falls_back_to_polling_says_so_once_and_listens_again(wo
 
 
 @contextmanager
-def idle_pool(threads: int, owner: str) -> Iterator[list[str]]:
+def idle_pool(threads: int, owner: str) -> Iterator[tuple[list[str], Waker]]:
     """A listening --loop pass of `threads` threads, in a thread of its own, once each has looked and gone idle;
-    yields the list of the claims made from then on (the claiming thread's name for each), and stops the pass."""
+    yields the list of the claims made from then on (the claiming thread's name for each) and the pass's waker,
+    and stops the pass."""
     claims: list[str] = []
     waker, stopping = Waker(), Stopping()
     started_line: list[str] = []
@@ -150,10 +151,9 @@ def idle_pool(threads: int, owner: str) -> Iterator[list[str]]:
     pass_ = threading.Thread(target=work)
     pass_.start()
     try:
-        wait_until(lambda: started_line and len(claims) >= threads, what=f"{threads} threads to look and go idle")
-        time.sleep(0.3)
+        wait_until(lambda: started_line and waker.idle == threads, what=f"{threads} threads to look and go idle")
         claims.clear()
-        yield claims
+        yield claims, waker
     finally:
         stopping.set()
         pass_.join(30)
@@ -162,10 +162,10 @@ def idle_pool(threads: int, owner: str) -> Iterator[list[str]]:
 def test_a_new_run_rouses_one_idle_thread_not_all_of_them_and_a_burst_fans_out():
     """Eight idle threads, listening: one new run costs a claim or two, not a claim per idle thread; a burst of
     runs still reaches every thread."""
-    with idle_pool(8, "rouse") as claims:
+    with idle_pool(8, "rouse") as (claims, waker):
         run_id = durableruns.start("scripted", {})
-        wait_until(lambda: status(run_id) == RunStatus.COMPLETED, timeout=10, what="the new run")
-        time.sleep(0.3)
+        wait_until(lambda: status(run_id) == RunStatus.COMPLETED and waker.idle == 8, timeout=10,
+                   what="the new run, and every thread idle again")
         assert len(claims) <= 2, claims
         with transaction.atomic():  # one commit, one notification for the eight runs
             burst = [make_run("pool_napping", {"nap": 0.5}) for _ in range(8)]
@@ -179,14 +179,14 @@ def test_a_thread_that_ends_a_run_while_nothing_else_is_due_goes_idle_without_a_
     """Runs started one at a time, each ending before the next starts: each costs the one claim that takes it.
     The thread that ended it knows, from the process's own last claims and the notifications since, that nothing
     else is due, so it goes idle at once instead of claiming to find nothing; and it still takes what comes."""
-    with idle_pool(4, "trickle") as claims:
+    with idle_pool(4, "trickle") as (claims, waker):
         runs = [durableruns.start("scripted", {})]
         for _ in range(5):
-            wait_until(lambda: status(runs[-1]) == RunStatus.COMPLETED, timeout=10, what="the run")
-            time.sleep(0.1)  # the thread that ended it has gone idle
+            wait_until(lambda: status(runs[-1]) == RunStatus.COMPLETED and waker.idle == 4, timeout=10,
+                       what="the run, and its thread idle again")
             runs.append(durableruns.start("scripted", {}))
-        wait_until(lambda: status(runs[-1]) == RunStatus.COMPLETED, timeout=10, what="the last run")
-        time.sleep(0.3)
+        wait_until(lambda: status(runs[-1]) == RunStatus.COMPLETED and waker.idle == 4, timeout=10,
+                   what="the last run, and its thread idle again")
         assert len(claims) == len(runs), claims  # one claim a run: none found nothing
         # A run that comes due by itself is still met by a thread's timer, not left to the 30 s poll.
         timed = durableruns.start("scripted", {})
