@@ -33,6 +33,8 @@ class StepAttempt:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     renewed_at: datetime | None = None  # the last renewal while it was in hand: its process was alive then
+    held_until: datetime | None = None  # the lease expiry its worker last held: the last moment it could call
+    raised_at: datetime | None = None  # when it raised in a live worker: its call was over then
     loop_cursor: int = 0
     progress: Mapping[str, Any] = field(default_factory=dict)
     result: Any = None

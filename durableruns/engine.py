@@ -65,7 +65,7 @@ def ensure_autocommit() -> None:
 
 
 _ATTEMPT_FIELDS = ("step", "attempt", "status", "effect_key", "started_at", "finished_at", "renewed_at",
-                   "loop_cursor", "progress", "result", "error")
+                   "held_until", "raised_at", "loop_cursor", "progress", "result", "error")
 
 
 def load_attempts(run_id: str) -> list[StepAttempt]:
@@ -303,7 +303,7 @@ class Engine:
             raise _Stop(self._release(lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
         if action is Action.ESCALATE:
             store.open_escalation(lease, step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
-                                  in_doubt_since=attempt.started_at or attempt.renewed_at, reason=verdict.reason,
+                                  in_doubt_since=attempt.started_at or attempt.raised_at, reason=verdict.reason,
                                   clock=self.clock)
             raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION,
                                    detail=verdict.reason, steps_run=state.steps_run))
@@ -376,14 +376,10 @@ class Engine:
     def _after_error(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
                      exc: Exception) -> tuple[Intent, bool] | None:
         """Classify a step's exception: a rejection (or a re-executable step) failed; anything else is in doubt."""
-        now = self.clock.now()  # the database's: the moment the step raised, the last its call could start
         error = _describe(exc)
         log.info("run %s: %s attempt %s raised %s", state.run_id, step.name, intent.attempt, error)
-        # What the attempt committed, as the record has it: a new attempt continues from its last checkpoint.
-        attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
-                              effect_key=intent.effect_key, renewed_at=now,
-                              loop_cursor=state.loop_cursor, progress=state.progress)
         if step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE:
+            now = self.clock.now()
             store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, clock=self.clock,
                                  intent_recorded=recorded, effect_key=intent.effect_key)
             state.tally(step.name)[0] += 1
@@ -391,14 +387,23 @@ class Engine:
                                     max_attempts=step.max_attempts, now=now, backoff=conf.retry_backoff(),
                                     backoff_max=conf.retry_backoff_max())
             if verdict.action is Action.RUN:
+                restored = StepAttempt(step=step.name, attempt=intent.attempt, status="failed",
+                                       loop_cursor=state.loop_cursor, progress=state.progress)
                 return self._fresh_intent(state, step, index, attempt=intent.attempt + 1,
-                                          restored=attempt if attempt.loop_cursor else None), False
+                                          restored=restored if state.loop_cursor else None), False
             if verdict.action is not Action.WAIT:
                 raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
             raise _Stop(self._release(state.lease, RunStatus.WAITING, f"{step.name}: {error}; {verdict.reason}",
                                    wake_at=verdict.until))
         # The call may have reached the far system: the attempt stays started (in doubt) and goes through
         # its policy, exactly as if the process had died here (and counts against the crash budget as such).
+        # Its call was over when it raised: that moment, recorded, bounds it for this pass and every later one.
+        raised_at = (store.record_raised(state.lease, step=step.name, attempt=intent.attempt, clock=self.clock)
+                     if recorded else self.clock.now())
+        # What the attempt committed, as the record has it: a new attempt continues from its last checkpoint.
+        attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
+                              effect_key=intent.effect_key, raised_at=raised_at,
+                              loop_cursor=state.loop_cursor, progress=state.progress)
         state.tally(step.name)[1] += 1
         moved, _ = self._settle(state, step, index, attempt, cause=error.splitlines()[-1])
         if moved is None:
@@ -456,8 +461,8 @@ class Engine:
             return after_lookup_error(str(exc), now=self.clock.now(), retry_in=conf.lookup_retry())
         except Exception as exc:  # a lookup that raises proves nothing; never taken as absence
             return after_lookup_error(_describe(exc), now=self.clock.now(), retry_in=conf.lookup_retry())
-        return after_lookup(found, attempt=attempt, now=self.clock.now(),
-                            timeout=step_timeout(step), lookup_lag=step.lookup_lag)
+        return after_lookup(found, attempt=attempt, now=self.clock.now(), timeout=step_timeout(step),
+                            lookup_lag=step.lookup_lag, lease=timedelta(seconds=conf.lease_seconds()))
 
     def _escalation_state(self, run_id: str, step: Step, attempt: StepAttempt) -> tuple[Outcome | None, bool]:
         if step.policy is not Policy.ESCALATE:

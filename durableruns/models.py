@@ -138,7 +138,15 @@ class RunStep(models.Model):
     renewed_at = models.DateTimeField(
         null=True, blank=True,
         help_text="The last lease renewal while this attempt was in hand (the database's clock): the last moment "
-                  "its process was known alive, from which absence at the far system becomes provable.")
+                  "its process was known alive.")
+    held_until = models.DateTimeField(
+        null=True, blank=True,
+        help_text="The lease expiry its worker last held while this attempt was in hand (the database's clock): "
+                  "the last moment a lost worker could still have made its call.")
+    raised_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the step raised in its live worker and was left in doubt (the database's clock): its call "
+                  "was over by then, so this bounds it instead of the lease.")
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     resolution = models.CharField(max_length=20, choices=Resolution.choices, blank=True, default="")
@@ -170,6 +178,8 @@ class RunStep(models.Model):
             started_at=self.started_at,
             finished_at=self.finished_at,
             renewed_at=self.renewed_at,
+            held_until=self.held_until,
+            raised_at=self.raised_at,
             loop_cursor=self.loop_cursor,
             progress=self.progress or {},
             result=self.result,

@@ -59,10 +59,10 @@ WITH claimed AS (
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
 first AS (
-  INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, finished_at, result, error,
-                        resolution, owner, epoch, loop_cursor, progress)
-  SELECT c.run_id, f.step, 1, 'started', c.run_id || ':' || f.step, now() + %(shift)s, NULL, NULL, '', '',
-         %(owner)s, c.epoch, 0, '{}'::jsonb
+  INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, finished_at, result,
+                        error, resolution, owner, epoch, loop_cursor, progress)
+  SELECT c.run_id, f.step, 1, 'started', c.run_id || ':' || f.step, now() + %(shift)s,
+         now() + %(shift)s + %(lease)s, NULL, NULL, '', '', %(owner)s, c.epoch, 0, '{}'::jsonb
     FROM claimed c
     JOIN jsonb_to_recordset(%(first_steps)s::jsonb) AS f(workflow text, fingerprint text, step text)
       ON f.workflow = c.workflow AND f.fingerprint = c.plan_fingerprint
@@ -73,6 +73,7 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        (SELECT coalesce(json_agg(json_build_object(
                  'step', s.step, 'attempt', s.attempt, 'status', s.status, 'effect_key', s.effect_key,
                  'started_at', s.started_at, 'finished_at', s.finished_at, 'renewed_at', s.renewed_at,
+                 'held_until', s.held_until, 'raised_at', s.raised_at,
                  'loop_cursor', s.loop_cursor,
                  'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
           FROM run_step s WHERE s.run_id = c.run_id),
@@ -94,10 +95,10 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
 """
 
 _INTENT_ROW = """
-INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, finished_at, result, error,
-                      resolution, owner, epoch, loop_cursor, progress)
-SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, now() + %(shift)s, NULL, NULL, '', '', %(owner)s,
-       %(epoch)s, %(i_loop)s, %(i_progress)s::jsonb
+INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, finished_at, result,
+                      error, resolution, owner, epoch, loop_cursor, progress)
+SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, now() + %(shift)s, now() + %(shift)s + %(lease)s,
+       NULL, NULL, '', '', %(owner)s, %(epoch)s, %(i_loop)s, %(i_progress)s::jsonb
   FROM fence
 """
 
@@ -155,19 +156,21 @@ WITH fence AS (
      AND EXISTS (SELECT 1 FROM run_step
                   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
   RETURNING run_id)
-UPDATE run_step SET loop_cursor = %(loop)s, progress = %(progress)s::jsonb, renewed_at = now() + %(shift)s
+UPDATE run_step SET loop_cursor = %(loop)s, progress = %(progress)s::jsonb, renewed_at = now() + %(shift)s,
+       held_until = now() + %(shift)s + %(lease)s
  WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND EXISTS (SELECT 1 FROM fence)
 """
 
 # A heartbeat: the lease runs on from the database's now, and the attempt in hand (started under this epoch)
-# records that its process was alive then: absence at the far system is provable only after that moment.
+# records that its process was alive then and the lease it now holds: a worker lost after this renewal may still
+# have made its call at any moment until that lease ran out (policies.last_call_bound).
 _RENEW = """
 WITH fence AS (
   UPDATE run_state SET updated_at = now() + %(shift)s, lease_expires_at = now() + %(shift)s + %(lease)s
    WHERE run_id = %(run)s AND epoch = %(epoch)s AND status = 'running'
   RETURNING run_id),
 seen AS (
-  UPDATE run_step SET renewed_at = now() + %(shift)s
+  UPDATE run_step SET renewed_at = now() + %(shift)s, held_until = now() + %(shift)s + %(lease)s
    WHERE run_id = %(run)s AND epoch = %(epoch)s AND status = 'started' AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
 SELECT count(*) FROM fence
@@ -183,9 +186,9 @@ fence AS (
          lease_expires_at = now() + %(shift)s + h.seconds * interval '1 second'
     FROM held h
    WHERE r.run_id = h.run_id AND r.epoch = h.epoch AND r.status = 'running'
-  RETURNING r.run_id, r.epoch),
+  RETURNING r.run_id, r.epoch, r.lease_expires_at),
 seen AS (
-  UPDATE run_step s SET renewed_at = now() + %(shift)s
+  UPDATE run_step s SET renewed_at = now() + %(shift)s, held_until = f.lease_expires_at
     FROM fence f
    WHERE s.run_id = f.run_id AND s.epoch = f.epoch AND s.status = 'started'
   RETURNING 1)

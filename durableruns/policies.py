@@ -77,15 +77,31 @@ def settle_in_doubt(
     return Next(action=Action.ESCALATE, reason=f"{attempt.step} is in doubt and has no lookup: a person decides")
 
 
-def absence_provable_at(attempt: StepAttempt, *, timeout: timedelta, lookup_lag: timedelta) -> datetime:
-    """Return when a 'not found' stops being lateness: the last moment the attempt's process could still have
-    made the call (its last lease renewal, or its start if it never renewed), plus the time the call may stay
-    open, plus the lookup's lag. Counting from the start instead would run again early a step that worked (or
-    read) for longer than its timeout before calling out."""
+def last_call_bound(attempt: StepAttempt, *, lease: timedelta) -> datetime:
+    """Return the last moment the attempt's worker could still have made its call, from the record alone.
+
+    - It raised in a live worker (`raised_at`): its call was over then.
+    - Otherwise its worker was lost, at some unknown moment before its lease ran out, and it may have called at
+      any moment up to then: the lease expiry it last held (`held_until`). A renewal proves only that the worker
+      was alive at the renewal, not that it made no call after it.
+    - An attempt recorded before `held_until` existed: its last renewal (or its start) plus `lease`.
+    """
+    if attempt.raised_at is not None:
+        return attempt.raised_at
+    if attempt.held_until is not None:
+        return attempt.held_until
     alive = attempt.renewed_at or attempt.started_at
     if alive is None:
         raise ValueError(f"attempt {attempt.attempt} of {attempt.step} has no start time")
-    return alive + timeout + lookup_lag
+    return alive + lease
+
+
+def absence_provable_at(
+    attempt: StepAttempt, *, timeout: timedelta, lookup_lag: timedelta, lease: timedelta
+) -> datetime:
+    """Return when a 'not found' stops being lateness: the last moment the attempt's worker could still have made
+    the call (`last_call_bound`), plus the time the call may stay open, plus the lookup's lag."""
+    return last_call_bound(attempt, lease=lease) + timeout + lookup_lag
 
 
 def after_lookup(
@@ -95,17 +111,19 @@ def after_lookup(
     now: datetime,
     timeout: timedelta,
     lookup_lag: timedelta,
+    lease: timedelta,
 ) -> Next:
     """Settle a resolvable step from a lookup by its key: found is done; absent is trusted only after the lag."""
     if found is not None:
         return Next(action=Action.COMPLETE, result=dict(found), reason=f"{attempt.step} found by key")
-    provable = absence_provable_at(attempt, timeout=timeout, lookup_lag=lookup_lag)
+    provable = absence_provable_at(attempt, timeout=timeout, lookup_lag=lookup_lag, lease=lease)
     if now >= provable:
         return Next(action=Action.RUN, reason=f"{attempt.step} provably absent: running it again under the same key")
     return Next(
         action=Action.WAIT,
         until=provable,
-        reason=f"{attempt.step} not found yet; absence is provable only after the far system's lag",
+        reason=f"{attempt.step} not found yet; absence is provable only once its call could have landed and the "
+        "far system's lag has passed",
     )
 
 

@@ -196,7 +196,7 @@ def _release_one(
                     attempt=number,
                     status="started",
                     effect_key=intent.effect_key,
-                    renewed_at=engine.clock.now(),
+                    raised_at=store.record_raised(state.lease, step=release.name, attempt=number, clock=engine.clock),
                 )
                 if _in_doubt(engine, state, acquisition, release, in_doubt, crashes) is None:
                     return True

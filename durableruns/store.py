@@ -164,6 +164,7 @@ def _insert_intent(lease: Lease, intent: Intent, clock: Clock) -> None:
         status=StepStatus.STARTED,
         effect_key=intent.effect_key,
         started_at=clock.expression(),
+        held_until=clock.expression(lease.duration),
         owner=lease.owner,
         epoch=lease.epoch,
         loop_cursor=intent.loop_cursor,
@@ -195,7 +196,8 @@ def _attempt(row: dict[str, Any]) -> StepAttempt:
     for when in ("started_at", "finished_at"):
         if row[when] is not None:
             row[when] = datetime.fromisoformat(row[when])
-    row["renewed_at"] = datetime.fromisoformat(row["renewed_at"]) if row.get("renewed_at") else None
+    for when in ("renewed_at", "held_until", "raised_at"):
+        row[when] = datetime.fromisoformat(row[when]) if row.get(when) else None
     row["progress"] = row["progress"] or {}
     return StepAttempt(**row)
 
@@ -432,7 +434,7 @@ def renew(lease: Lease, *, clock: Clock = DATABASE) -> None:
                            .update(updated_at=clock.expression(), lease_expires_at=clock.expression(lease.duration)))
             if renewed:
                 RunStep.objects.filter(run_id=lease.run_id, epoch=lease.epoch, status=StepStatus.STARTED).update(
-                    renewed_at=clock.expression())
+                    renewed_at=clock.expression(), held_until=clock.expression(lease.duration))
     if not renewed:
         raise FencedOut("the run was released or taken over", run_id=lease.run_id, epoch=lease.epoch)
 
@@ -557,10 +559,27 @@ def checkpoint(lease: Lease, *, step: str, attempt: int, loop_cursor: int, progr
         _fence(lease, clock)
         moved = RunStep.objects.filter(
             run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED
-        ).update(loop_cursor=loop_cursor, progress=progress, renewed_at=clock.expression())
+        ).update(loop_cursor=loop_cursor, progress=progress, renewed_at=clock.expression(),
+                 held_until=clock.expression(lease.duration))
         if not moved:
             raise FencedOut(f"attempt {attempt} of {step} is no longer started", run_id=lease.run_id,
                             epoch=lease.epoch)
+
+
+def record_raised(lease: Lease, *, step: str, attempt: int, clock: Clock = DATABASE) -> datetime:
+    """Record, on the database's clock, that the started attempt raised in its live worker and stays in doubt;
+    return that moment. Its call was over by then, so every later pass bounds the call by it (policies.
+    last_call_bound). FencedOut if another worker took the run."""
+    with transaction.atomic(durable=True):
+        _fence(lease, clock)
+        now = clock.now()
+        moved = RunStep.objects.filter(
+            run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED
+        ).update(raised_at=now)
+        if not moved:
+            raise FencedOut(f"attempt {attempt} of {step} is no longer started", run_id=lease.run_id,
+                            epoch=lease.epoch)
+    return now
 
 
 def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: datetime | None = None,

@@ -18,11 +18,12 @@ def make_run(workflow: str = "scripted", input: dict[str, Any] | None = None, ru
 
 def crash_after_intent(run_id: str, step: str, *, attempt: int = 1, started_at: datetime | None = None,
                        cursor: int = 0, loop_cursor: int = 0, progress: dict[str, Any] | None = None) -> None:
-    """Leave what a worker killed between its intent and result commits leaves: a started row, a stale lease."""
+    """Leave what a worker killed between its intent and result commits leaves: a started row, a stale lease (one
+    that ran out as the step started: the last moment the dead worker could have called is its start)."""
     now = started_at or timezone.now()
     RunStep.objects.create(run_id=run_id, step=step, attempt=attempt, status=StepStatus.STARTED,
-                           effect_key=effect_key(run_id, step), started_at=now, owner="dead-worker", epoch=1,
-                           loop_cursor=loop_cursor, progress=progress or {})
+                           effect_key=effect_key(run_id, step), started_at=now, held_until=now, owner="dead-worker",
+                           epoch=1, loop_cursor=loop_cursor, progress=progress or {})
     RunState.objects.filter(pk=run_id).update(status=RunStatus.RUNNING, owner="dead-worker", epoch=1,
                                               cursor=cursor, lease_expires_at=now)
 

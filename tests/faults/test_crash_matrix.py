@@ -18,6 +18,7 @@ step in doubt is the previous one; the cases below say which step each kill leav
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,98 @@ def test_a_worker_killed_at_any_point_of_a_release_gives_the_stock_back_once(
     fault_report(f"release crash matrix with {concurrency} thread(s) per worker", {
         "cases": len(cases), "kills": len(crashers), "releases": len(far.warehouse.releases()),
         "holds leaked": len(far.warehouse.held())})
+
+
+# -- a far call that lands late ----------------------------------------------------------------------------
+#
+# A worker makes its far call, then dies; the far system commits the call only later, inside the call's timeout.
+# Until then a lookup by key says "not found", and that is lateness, not absence: the dead worker may have called
+# at any moment until the lease it last held ran out. Each path that settles an in-doubt step must wait until
+# that lease's end + the timeout + the lag, read from the record, and never call again meanwhile: a later pass,
+# `resume_runs --run`, a run staff moved with adopt_plan, and a cancel settling the acquisition it gives back.
+
+LATE_PATHS = ("later_pass", "run_flag", "adopt_plan", "cancel", "later_pass_ungated")
+
+
+@dataclass(frozen=True)
+class LateCase:
+    path: str
+    renewed: bool  # the heartbeat renewed the lease once before the call: a renewal does not end the window
+
+    @property
+    def run_id(self) -> str:
+        return f"late-{self.path}-{'renewed' if self.renewed else 'never-renewed'}"
+
+
+def test_a_far_call_that_lands_late_is_not_made_twice_on_any_path(
+    far: FarSystems, workers: Workers, tmp_path: Path
+) -> None:
+    from durableruns import services
+    from durableruns.clock import Clock
+    from tests.faults import late_far
+    from tests.faults.support import settle
+
+    gate = tmp_path / "gate"
+    cases = [LateCase(path, renewed) for path in LATE_PATHS for renewed in (False, True)]
+    late_far.declare("v1")
+    for case in cases:
+        services.start_run("late_pay", {"after_renewal": case.renewed, "work": 1.0,
+                                        "gate": "" if case.path.endswith("ungated") else str(gate)},
+                           run_id=case.run_id)
+    env = {"DURABLERUNS_WORKFLOW_MODULES": "tests.faults.late_far", "LATE_PAY_DEPLOY": "v2",
+           "DURABLERUNS_RETRY_BACKOFF_SECONDS": "0"}
+
+    # 1. One worker per run, each killed right after its call left: before any renewal of a 6 s lease, or after
+    #    one renewal of a 4 s lease (renewed every 1.3 s: its 1 s of work ends before the next).
+    doomed = {case: workers.start("--run", case.run_id, "--lease", "4" if case.renewed else "6",
+                                  "--worker", f"doomed-{case.run_id}", DURABLERUNS_CRASH_AT="pay@after_effect", **env)
+              for case in cases}
+    for case, proc in doomed.items():
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == -9, f"{case}: the worker was not killed (exit {proc.returncode}):\n{out}{err}"
+    rows = {case: RunStep.objects.get(run_id=case.run_id, step="pay", attempt=1) for case in cases}
+    for case, row in rows.items():
+        assert (row.renewed_at is not None) is case.renewed, (case, row.renewed_at)
+        assert row.held_until is not None and row.raised_at is None
+    until = {case: row.held_until + late_far.TIMEOUT for case, row in rows.items()}  # + lag 0
+
+    # 2. Every lease has run out; no far commit has landed (the gate is shut, the ungated land 29.5 s after the
+    #    call). Each path looks up, finds nothing, and waits until the bound from the record.
+    while Clock().now() <= max(row.held_until for row in rows.values()):
+        time.sleep(0.05)
+    late_far.declare("v2")
+    for case in cases:
+        if case.path == "adopt_plan":
+            services.adopt_plan(case.run_id, by="staff", note="the thank-you step ships today")
+        if case.path == "cancel":
+            services.cancel_run(case.run_id, by="staff", note="the buyer withdrew the order")
+    by_run = [workers.start("--run", case.run_id, "--once", "--worker", f"by-run-{case.run_id}", **env)
+              for case in cases if case.path in ("run_flag", "adopt_plan", "cancel")]
+    for proc in by_run:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"{out}\n{err}"
+    cron = workers.run("--once", "--worker", "cron", **env)
+    assert cron.returncode == 0, f"{cron.stdout}\n{cron.stderr}"
+    assert far.carrier.count() == 0, "a far commit landed before the lookups: the test proves nothing"
+    for case in cases:
+        state = RunState.objects.get(pk=case.run_id)
+        assert state.status == RunStatus.WAITING, (case, state.status, state.reason)
+        assert state.wake_at == until[case], (case, state.wake_at, until[case])
+        assert list(RunStep.objects.filter(run_id=case.run_id, step="pay").values_list("attempt", "status")) == [
+            (1, "started")], case
+
+    # 3. The far commits land (the gated now, the ungated at the latest moment inside the call's timeout); the
+    #    runs wake at their bounds and find each booking by its key.
+    gate.touch()
+    settle(workers, [case.run_id for case in cases], env, folder=tmp_path / "settle", timeout=60)
+    assert far.carrier.duplicates() == {}, far.carrier.counts_by_key()
+    for case in cases:
+        key = f"{case.run_id}:pay"
+        assert len(far.carrier.effects(key)) == 1, case
+        pay = list(RunStep.objects.filter(run_id=case.run_id, step="pay").values_list("status", "resolution"))
+        assert pay == [("completed", "lookup")], (case, pay)
+        state = RunState.objects.get(pk=case.run_id)
+        if case.path == "cancel":
+            assert state.status == RunStatus.CANCELLED and late_far.released(case.run_id) == [f"{key}:release"]
+        else:
+            assert state.status == RunStatus.COMPLETED, (case, state.status, state.reason)

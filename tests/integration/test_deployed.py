@@ -59,20 +59,42 @@ def test_absence_counts_from_the_moment_the_step_raised_not_from_its_start():
     raised_at = Clock().now() - timedelta(seconds=0.5)  # generous: the pass ended moments ago
     assert state.status == RunStatus.WAITING and state.wake_at >= raised_at + timedelta(seconds=1) - timedelta(
         seconds=0.5)
-    started = RunStep.objects.get(run_id=run_id).started_at
-    assert state.wake_at - started >= timedelta(seconds=1.5 + 1), (started, state.wake_at)
+    row = RunStep.objects.get(run_id=run_id)
+    assert state.wake_at - row.started_at >= timedelta(seconds=1.5 + 1), (row.started_at, state.wake_at)
+    # The moment it raised is recorded, and is the bound: not the lease its worker went on renewing meanwhile.
+    assert row.raised_at is not None and state.wake_at == row.raised_at + timedelta(seconds=1)
+    assert row.held_until > row.raised_at
+    # A later pass bounds the call by the recorded raise too: 2 s on, absence is provable (by the lease it
+    # would not be yet), so it runs the step again under the same key.
+    services.resume_due(lease_seconds=3, clock=Clock(shift=timedelta(seconds=2)))
+    assert calls[run_id] == 2 and attempts(run_id, "reads_then_calls")[:2] == [(1, "started"), (2, "started")]
 
 
-def test_absence_counts_from_the_last_renewal_of_a_crashed_attempt():
+def test_absence_counts_from_the_lease_a_crashed_attempt_last_held():
+    """A renewal proves the worker alive at the renewal, not silent after it: until the lease it then took ran
+    out, a lost worker may still have made its call."""
+    run_id = make_run(input={"lookup": None})
+    complete(run_id, "first", {})
+    crash_after_intent(run_id, "second", cursor=1, started_at=Clock().now() - timedelta(minutes=5))
+    renewed = Clock().now() - timedelta(seconds=20)  # its heartbeat renewed a 30 s lease 20 s ago
+    RunStep.objects.filter(run_id=run_id, step="second").update(renewed_at=renewed,
+                                                                 held_until=renewed + timedelta(seconds=30))
+    services.resume_due()  # renewal + 30 s timeout + 60 s lag would be 70 s away; the held lease adds 30 more
+    state = run(run_id)
+    assert state.status == RunStatus.WAITING and attempts(run_id, "second") == [(1, "started")]
+    assert state.wake_at == renewed + timedelta(seconds=30 + 30 + 60)
+
+
+def test_an_attempt_recorded_before_held_until_counts_from_its_last_renewal_plus_the_lease():
     run_id = make_run(input={"lookup": None})
     complete(run_id, "first", {})
     crash_after_intent(run_id, "second", cursor=1, started_at=Clock().now() - timedelta(minutes=5))
     renewed = Clock().now() - timedelta(seconds=2)  # its heartbeat kept it alive until moments ago
-    RunStep.objects.filter(run_id=run_id, step="second").update(renewed_at=renewed)
-    services.resume_due()  # started + 30 s timeout + 60 s lag is long past; renewal + 90 s is not
+    RunStep.objects.filter(run_id=run_id, step="second").update(renewed_at=renewed, held_until=None)
+    services.resume_due()  # started + 30 s lease + 30 s timeout + 60 s lag is long past; from the renewal, not
     state = run(run_id)
     assert state.status == RunStatus.WAITING and attempts(run_id, "second") == [(1, "started")]
-    assert state.wake_at == renewed + timedelta(seconds=30 + 60)
+    assert state.wake_at == renewed + timedelta(seconds=30 + 30 + 60)  # lease (the setting) + timeout + lag
 
 
 beating = durableruns.Workflow("deployed_beating")
@@ -82,13 +104,14 @@ beating = durableruns.Workflow("deployed_beating")
 def long_read(ctx: Any) -> dict[str, Any]:
     time.sleep(1.0)
     row = RunStep.objects.get(run_id=ctx.run_id, step="long_read", attempt=ctx.attempt)
-    return {"renewed": row.renewed_at is not None and row.renewed_at > row.started_at}
+    return {"renewed": row.renewed_at is not None and row.renewed_at > row.started_at,
+            "held": row.held_until is not None and row.held_until >= row.renewed_at + timedelta(seconds=0.3)}
 
 
 def test_the_heartbeat_records_the_attempt_in_hand_alive():
     run_id = make_run("deployed_beating")
     services.resume_due(lease_seconds=0.3)
-    assert RunStep.objects.get(run_id=run_id, step="long_read").result == {"renewed": True}
+    assert RunStep.objects.get(run_id=run_id, step="long_read").result == {"renewed": True, "held": True}
 
 
 # -- a crash is not a failure ------------------------------------------------------------------------------

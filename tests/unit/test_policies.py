@@ -18,11 +18,15 @@ from durableruns.policies import (
     after_lookup_error,
     cap_attempts,
     cap_crashes,
+    last_call_bound,
     settle_in_doubt,
 )
 
 T0 = datetime(2026, 8, 8, 14, 7, 12, tzinfo=timezone.utc)
-DOUBT = StepAttempt(step="charge", attempt=1, status="started", effect_key="run-1:charge", started_at=T0)
+LEASE = timedelta(seconds=30)
+# Taken at T0 under a 30 s lease, its worker lost before any renewal: it could have called until T0 + 30 s.
+DOUBT = StepAttempt(step="charge", attempt=1, status="started", effect_key="run-1:charge", started_at=T0,
+                    held_until=T0 + LEASE)
 
 
 @pytest.mark.parametrize(
@@ -50,16 +54,18 @@ TIMEOUT = timedelta(seconds=30)
     [
         ({"charge_id": "ch_1"}, 1, Action.COMPLETE),  # found: done, whatever the time
         (None, 1, Action.WAIT),  # not found 1 s after: might be the replica's lag
-        (None, 89, Action.WAIT),  # one second before timeout + lag
-        (None, 90, Action.RUN),  # exactly timeout + lag: absence is provable
+        (None, 90, Action.WAIT),  # start + timeout + lag: the call may have been made as late as the lease's end
+        (None, 119, Action.WAIT),  # one second before lease + timeout + lag
+        (None, 120, Action.RUN),  # exactly the held lease's end + timeout + lag: absence is provable
         (None, 600, Action.RUN),
     ],
 )
-def test_lookup_is_trusted_only_after_timeout_and_lag(found, elapsed, action):
-    verdict = after_lookup(found, attempt=DOUBT, now=T0 + timedelta(seconds=elapsed), timeout=TIMEOUT, lookup_lag=LAG)
+def test_lookup_is_trusted_only_after_the_held_lease_the_timeout_and_the_lag(found, elapsed, action):
+    verdict = after_lookup(found, attempt=DOUBT, now=T0 + timedelta(seconds=elapsed), timeout=TIMEOUT, lookup_lag=LAG,
+                           lease=LEASE)
     assert verdict.action is action
     if action is Action.WAIT:
-        assert verdict.until == T0 + TIMEOUT + LAG
+        assert verdict.until == T0 + LEASE + TIMEOUT + LAG
     if action is Action.COMPLETE:
         assert verdict.result == found
 
@@ -106,13 +112,38 @@ def test_crashes_never_fail_a_run_they_stop_it_for_staff_once_the_budget_is_used
     assert cap_crashes(wait, step="quote", crashes=500, max_crashes=100) is wait
 
 
-def test_absence_is_provable_from_the_last_renewal_not_the_start():
-    worked_long = StepAttempt(step="charge", attempt=1, status="started", started_at=T0,
-                              renewed_at=T0 + timedelta(seconds=40))
-    provable = T0 + timedelta(seconds=40) + TIMEOUT + LAG
-    assert absence_provable_at(worked_long, timeout=TIMEOUT, lookup_lag=LAG) == provable
-    never_renewed = StepAttempt(step="charge", attempt=1, status="started", started_at=T0)
-    assert absence_provable_at(never_renewed, timeout=TIMEOUT, lookup_lag=LAG) == T0 + TIMEOUT + LAG
-    verdict = after_lookup(None, attempt=worked_long, now=T0 + TIMEOUT + LAG + timedelta(seconds=1),
-                           timeout=TIMEOUT, lookup_lag=LAG)
-    assert verdict.action is Action.WAIT  # past start + timeout + lag, but not past the renewal + timeout + lag
+def _attempt(**times: int) -> StepAttempt:
+    return StepAttempt(step="charge", attempt=1, status="started", started_at=T0,
+                       **{name: T0 + timedelta(seconds=at) for name, at in times.items()})
+
+
+@pytest.mark.parametrize(
+    ("times", "bound"),
+    [
+        # lost before any renewal: it could still call until the lease it took ran out
+        ({"held_until": 30}, 30),
+        # lost after a renewal at 40 s: a renewal proves the worker alive then, not silent after; its lease ran to 70
+        ({"renewed_at": 40, "held_until": 70}, 70),
+        # raised in its live worker at 12 s: its call was over then, whatever lease it held afterwards
+        ({"renewed_at": 10, "held_until": 70, "raised_at": 12}, 12),
+        # recorded before held_until existed: its last renewal (or start) plus the lease
+        ({"renewed_at": 40}, 70),
+        ({}, 30),
+    ],
+)
+def test_the_last_moment_the_call_could_have_been_made(times, bound):
+    attempt = _attempt(**times)
+    assert last_call_bound(attempt, lease=LEASE) == T0 + timedelta(seconds=bound)
+    assert absence_provable_at(attempt, timeout=TIMEOUT, lookup_lag=LAG, lease=LEASE) == (
+        T0 + timedelta(seconds=bound) + TIMEOUT + LAG)
+
+
+def test_a_renewal_does_not_make_absence_provable_before_the_lease_it_took_ran_out():
+    """The issue's case, with its figures: a worker (lease 6 s) renewed at 2 s, called at 3.5 s, died; the far
+    system committed 5.8 s after the call. "Not found" at 8 s (renewal + timeout) is lateness, not absence."""
+    six = timedelta(seconds=6)
+    renewed = _attempt(renewed_at=2, held_until=8)
+    far_commit = T0 + timedelta(seconds=3.5 + 5.8)
+    early = after_lookup(None, attempt=renewed, now=T0 + timedelta(seconds=8), timeout=six, lookup_lag=timedelta(0),
+                         lease=six)
+    assert early.action is Action.WAIT and early.until == T0 + timedelta(seconds=14) > far_commit
