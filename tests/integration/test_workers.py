@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -121,10 +122,12 @@ def test_killed_resolvable_step_settles_by_lookup_with_one_effect(far, workers, 
     kill_then_resume(workers, f"ship@{point}", tmp_path, **lag)
     run = RunState.objects.get(pk=run_id)
     if point == "after_intent":
-        # nothing reached the carrier: not found, and not trusted until timeout + lag have passed
-        started = RunStep.objects.get(run_id=run_id, step="ship").started_at
+        # nothing reached the carrier: not found, and not trusted until the dead worker's lease (0.5 s from its
+        # intent, or from its last renewal), its timeout and the lag have passed
+        ship = RunStep.objects.get(run_id=run_id, step="ship", attempt=1)
         assert run.status == RunStatus.WAITING
-        assert abs((run.wake_at - started).total_seconds() - 3.2) < 0.01
+        assert ship.held_until >= ship.started_at + timedelta(seconds=0.5)
+        assert abs((run.wake_at - ship.held_until).total_seconds() - 3.2) < 0.01
         assert far.carrier.count() == 0
         wait_until(lambda: workers.run(**dict(FAST, **lag)).returncode == 0
                    and RunState.objects.get(pk=run_id).status == RunStatus.COMPLETED, timeout=15,
