@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connection, connections, transaction
 from django.db.models import F
 
 from durableruns import conf, pgsql, signals
@@ -375,9 +375,19 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
     (fault injection). A claim of a named `run_id`, or on another database, records no intent.
     """
     if run_id is None and _fast():
-        taken = pgsql.claim(owner=owner, times={"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)},
-                            first_steps=_first_steps_json(first_steps), before_commit=before_first_intent,
-                            hints=hints)
+        times = {"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)}
+        try:
+            taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(first_steps),
+                                before_commit=before_first_intent, hints=hints)
+        except (DataError, IntegrityError):
+            if not first_steps:
+                raise
+            # The first intent rode on the claim and the database refused it: that run's data (a step name longer
+            # than its column, recorded before a deploy that refuses such names). The statement took nothing;
+            # claim again without it, so the engine records the intent on its own, where the pool ends that run's
+            # turn only (worker.pool) instead of this claim stopping every pass at the same run.
+            taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(()),
+                                before_commit=before_first_intent, hints=hints)
         if taken is None:
             return None
         taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending = taken

@@ -370,7 +370,7 @@ class WorkerPool:
             try:
                 outcome = engine.work(claimed)
             except (DataError, IntegrityError) as exc:  # this run's data, not the database's health
-                self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock)))
+                self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock, refused=True)))
                 continue
             except DatabaseError:
                 raise
@@ -404,21 +404,30 @@ def _before_first_intent() -> Callable[[str], None] | None:
     return lambda step: testing.reached("before_intent", step)
 
 
-def set_aside(lease: store.Lease, exc: Exception, clock: Clock) -> str:
-    """Record why a run's pass raised and release it for a backoff, fenced on its epoch (a run another worker
-    took meanwhile is left to it); return the error as the operator sees it."""
+def set_aside(lease: store.Lease, exc: Exception, clock: Clock, *, refused: bool = False) -> str:
+    """Record why a run's pass raised and release it, fenced on its epoch (a run another worker took meanwhile is
+    left to it); return the error as the operator sees it. A bug waits out a backoff and is tried again; data the
+    database `refused` (an over-long step name) would be refused again at every try, each time first in the
+    pass: that run is stopped for staff, the error its reason, where runs_health and the alerts report it."""
     error = f"{type(exc).__name__}: {exc}".strip()
     log.error("run %s: durableruns raised while working it: %s", lease.run_id, error, exc_info=exc)
-    try:
-        store.release(
-            lease,
-            status=RunStatus.WAITING,
-            clock=clock,
-            wake_at=clock.now() + conf.internal_error_backoff(),
-            reason=f"durableruns raised while working this run ({error}); trying again after a backoff",
+    if refused:
+        status, wake_at = RunStatus.NEEDS_DECISION, None
+        reason = (
+            f"{REFUSED_MARK}{error}). Trying again would be refused the same way: staff decide (fix the "
+            f"declaration and retry the run, or cancel it)"
         )
+    else:
+        status, wake_at = RunStatus.WAITING, clock.now() + conf.internal_error_backoff()
+        reason = f"durableruns raised while working this run ({error}); trying again after a backoff"
+    try:
+        store.release(lease, status=status, clock=clock, wake_at=wake_at, reason=reason)
     except FencedOut:
         pass
     except DatabaseError as again:  # the lease runs out on its own and the run is taken again then
         log.error("run %s: could not record the error: %s", lease.run_id, again)
     return error
+
+
+# How the reason of a run stopped because the database refused its data begins (ops.health sorts reasons by it).
+REFUSED_MARK = "stopped for staff: the database refused this run's data ("
