@@ -18,6 +18,7 @@ from durableruns.policies import (
     after_lookup_error,
     cap_attempts,
     cap_crashes,
+    lookup_errors,
     settle_in_doubt,
 )
 
@@ -116,3 +117,22 @@ def test_absence_is_provable_from_the_last_renewal_not_the_start():
     verdict = after_lookup(None, attempt=worked_long, now=T0 + TIMEOUT + LAG + timedelta(seconds=1),
                            timeout=TIMEOUT, lookup_lag=LAG)
     assert verdict.action is Action.WAIT  # past start + timeout + lag, but not past the renewal + timeout + lag
+
+
+def test_a_lookup_that_keeps_raising_stops_for_staff_once_its_budget_is_spent_counting_from_the_reason():
+    pay = StepAttempt(step="pay (card)", attempt=2, status="started", effect_key="po-1:pay (card)")
+    reason, counted = "", []
+    for _ in range(3):  # each pass reads the count back from the reason the last wait recorded
+        errors = lookup_errors(reason, attempt=pay) + 1
+        verdict = after_lookup_error("TimeoutError: (x)", now=T0, retry_in=timedelta(0), attempt=pay, errors=errors,
+                                     max_errors=3)
+        counted.append((errors, verdict.action))
+        reason = verdict.reason + " (the call raised OSError)"  # what the engine may append
+    assert counted == [(1, Action.WAIT), (2, Action.WAIT), (3, Action.STOP)]
+    assert "raised 3 times in a row" in reason and "TimeoutError: (x)" in reason and "po-1:pay (card)" in reason
+    # Another attempt, another step, or a reason that is not a lookup's wait: counting starts again
+    wait = after_lookup_error("E", now=T0, retry_in=timedelta(0), attempt=pay, errors=2, max_errors=3).reason
+    assert lookup_errors(wait, attempt=pay) == 2
+    assert lookup_errors(wait, attempt=StepAttempt(step="pay (card)", attempt=3, status="started")) == 0
+    assert lookup_errors(wait, attempt=StepAttempt(step="card)", attempt=2, status="started")) == 0
+    assert lookup_errors("pay (card) not found yet", attempt=pay) == 0
