@@ -40,6 +40,33 @@ def check_workflows(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
                     f"{name}.{step.name} is released_by {step.released_by!r}, which is not a later step of the plan",
                     hint="released_by names the later step whose completion gives the hold back (or consumes it).",
                     id="durableruns.E004"))
+    return messages + _names_too_long()
+
+
+def _names_too_long() -> list[checks.CheckMessage]:
+    """Names the record cannot store, held to the models' own columns (Workflow.step refuses them at import;
+    this catches a declaration that went round it). A run's claim would be refused by the database, run after
+    run, for each such name."""
+    from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunStep
+
+    def limit(*fields: tuple[type, str]) -> int:
+        return min(int(model._meta.get_field(name).max_length) for model, name in fields)
+
+    workflow_limit = limit((RunState, "workflow"), (RunPlan, "workflow"))
+    step_limit = limit((RunStep, "step"), (Escalation, "step"), (Intervention, "step"))
+    messages: list[checks.CheckMessage] = []
+    for name, workflow in workflows().items():
+        if len(name) > workflow_limit:
+            messages.append(checks.Error(f"workflow {name[:40]!r}... has a {len(name)}-character name",
+                                         hint=f"The record stores at most {workflow_limit}: rename it.",
+                                         id="durableruns.E005"))
+        for step in workflow.steps:
+            recorded = [step.name] + ([step.releaser.name] if step.releaser is not None else [])
+            for each in recorded:
+                if len(each) > step_limit:
+                    messages.append(checks.Error(
+                        f"{name}.{each[:40]}... is recorded under a {len(each)}-character step name",
+                        hint=f"The record stores at most {step_limit}: rename the step.", id="durableruns.E005"))
     return messages
 
 

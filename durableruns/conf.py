@@ -30,6 +30,14 @@ def lookup_retry() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_LOOKUP_RETRY_SECONDS", 5.0)))
 
 
+def max_lookup_errors() -> int:
+    """How many times in a row the lookup of one in-doubt attempt may raise (or answer neither a dict nor None)
+    before the run stops for staff with its last error; DURABLERUNS_MAX_LOOKUP_ERRORS, 120 by default (ten
+    minutes at the default DURABLERUNS_LOOKUP_RETRY_SECONDS). Counted from the run's record, so a new worker
+    counts on where the last one stopped."""
+    return int(getattr(settings, "DURABLERUNS_MAX_LOOKUP_ERRORS", 120))
+
+
 def max_crashes() -> int:
     """How many times a step may end in doubt (its worker died, or the call raised without an answer) before the
     run stops for staff; DURABLERUNS_MAX_CRASHES, 100 by default (as DBOS's recovery attempts). Observed failures
@@ -189,17 +197,21 @@ def prune_evidence_days() -> float:
 #               (5 minutes, 15 minutes)
 #   stuck       a run still held by a live lease this long past   DURABLERUNS_HEALTH_STUCK_{WARNING,CRITICAL}_SECONDS
 #               its step's timeout (1 minute, 10 minutes)
+#   stopped     a run stopped for staff with no escalation open    DURABLERUNS_HEALTH_STOPPED_{WARNING,CRITICAL}
+#               (crash budget spent, ...) longer than this          _SECONDS
+#               (at once, 4 hours: nobody else is asked about it)
 #   skew        this host's clock this far from the database's    DURABLERUNS_HEALTH_SKEW_{WARNING,CRITICAL}_SECONDS
 #               (a third of the lease, the whole lease: 10 s and 30 s with the default lease)
 _HEALTH_DEFAULTS: dict[str, tuple[float, float]] = {
     "escalation": (4 * 3600.0, 24 * 3600.0),
+    "stopped": (0.0, 4 * 3600.0),
     "due": (300.0, 900.0),
     "stuck": (60.0, 600.0),
 }
 
 
 def health_thresholds(check: str) -> tuple[timedelta, timedelta]:
-    """The (warning, critical) thresholds of one of runs_health's checks (escalation, due, stuck, skew), from
+    """The (warning, critical) thresholds of one of runs_health's checks (escalation, stopped, due, stuck, skew), from
     DURABLERUNS_HEALTH_<CHECK>_WARNING_SECONDS and _CRITICAL_SECONDS; the defaults are in the table above."""
     if check == "skew":
         defaults = (lease_seconds() / 3, lease_seconds())

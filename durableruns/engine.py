@@ -36,6 +36,7 @@ from durableruns.policies import (
     after_lookup_error,
     cap_attempts,
     cap_crashes,
+    lookup_errors,
     settle_in_doubt,
 )
 from durableruns.registry import Step, Workflow, effect_key, get_workflow
@@ -55,6 +56,7 @@ class RunOutcome:
     status: str
     detail: str
     steps_run: int = 0
+    wake_at: datetime | None = None  # when a run left waiting comes due again (the database's clock)
 
 
 def ensure_autocommit() -> None:
@@ -458,11 +460,19 @@ class Engine:
             if found is not None:
                 store.ensure_json(found, what=f"the lookup result of {step.name}")
         except (EffectInTransaction, ResultNotJSON) as exc:
-            return after_lookup_error(str(exc), now=self.clock.now(), retry_in=conf.lookup_retry())
+            return self._lookup_failed(state, attempt, str(exc))
         except Exception as exc:  # a lookup that raises proves nothing; never taken as absence
-            return after_lookup_error(_describe(exc), now=self.clock.now(), retry_in=conf.lookup_retry())
+            return self._lookup_failed(state, attempt, _describe(exc))
         return after_lookup(found, attempt=attempt, now=self.clock.now(), timeout=step_timeout(step),
                             lookup_lag=step.lookup_lag, lease=timedelta(seconds=conf.lease_seconds()))
+
+    def _lookup_failed(self, state: _Pass, attempt: StepAttempt, error: str) -> Next:
+        """Ask again later, counting this error on from the run's reason (what the last wait recorded); past
+        DURABLERUNS_MAX_LOOKUP_ERRORS in a row, stop for staff."""
+        reason = RunState.objects.filter(pk=state.run_id).values_list("reason", flat=True).first() or ""
+        return after_lookup_error(error, now=self.clock.now(), retry_in=conf.lookup_retry(), attempt=attempt,
+                                  errors=lookup_errors(reason, attempt=attempt) + 1,
+                                  max_errors=conf.max_lookup_errors())
 
     def _escalation_state(self, run_id: str, step: Step, attempt: StepAttempt) -> tuple[Outcome | None, bool]:
         if step.policy is not Policy.ESCALATE:
@@ -506,7 +516,7 @@ class Engine:
     def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
         store.release(lease, status=status, clock=self.clock, wake_at=wake_at, reason=reason)
         detail = f"{reason} (until {wake_at:%H:%M:%S})" if wake_at else reason
-        return RunOutcome(run_id=lease.run_id, status=status, detail=detail)
+        return RunOutcome(run_id=lease.run_id, status=status, detail=detail, wake_at=wake_at)
 
 
 def _stopped_reason(claimed: Claimed, plan: Plan | None, missing: tuple[str, ...], *, workflow: str | None = None

@@ -58,6 +58,10 @@ class RunState(models.Model):
     input = models.JSONField(default=dict)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    alerted_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the staff who may retry it were last e-mailed about it while it stood stopped for staff "
+                  "with no escalation (runs_health --alert), by the database's clock.")
 
     objects = RunStateQuerySet.as_manager()
 

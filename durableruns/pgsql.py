@@ -19,7 +19,7 @@ prepared statements turns preparing off.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -117,6 +117,11 @@ WITH created AS (
   RETURNING run_id)
 SELECT pg_notify('""" + WAKE_CHANNEL + """', '') FROM created
 """
+
+# The claim of a pass that leaves out runs it already worked (store.claim's `skip`): a separate statement, so the
+# usual claim keeps its plan and pays nothing for it.
+_ORDER = "          ORDER BY created_at\n          LIMIT 1"
+_CLAIM_SKIPPING = _CLAIM.replace(_ORDER, "            AND run_id <> ALL(%(skip)s::text[])\n" + _ORDER, 1)
 
 _RECORD_INTENT = """
 WITH fence AS (
@@ -282,7 +287,8 @@ Times = dict[str, timedelta]
 
 
 def claim(*, owner: str, times: Times, first_steps: str,
-          before_commit: Callable[[str], None] | None = None, hints: bool = False) -> Claim | None:
+          before_commit: Callable[[str], None] | None = None, hints: bool = False,
+          skip: Collection[str] = ()) -> Claim | None:
     """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
     at once. A fresh run of a workflow in `first_steps` (JSON: workflow, fingerprint, step) gets its first
     step's intent in the same commit; the row ends with that step and its effect key, or two NULLs.
@@ -295,6 +301,9 @@ def claim(*, owner: str, times: Times, first_steps: str,
     itself (nothing claimed) or whether another was due behind the one taken (next_due_from_last_claim,
     more_due_after_last_claim); without, neither subquery runs, and a --once pass pays nothing for them."""
     params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, "hints": hints, **times}
+    statement = _CLAIM
+    if skip:  # runs this pass leaves out (store.claim)
+        statement, params["skip"] = _CLAIM_SKIPPING, sorted(skip)
     db = connections[DEFAULT_DB_ALIAS]
     setattr(db, _NEXT_DUE_ATTRIBUTE, None)
     setattr(db, _MORE_DUE_ATTRIBUTE, None)
@@ -309,7 +318,7 @@ def claim(*, owner: str, times: Times, first_steps: str,
                 opening = ["BEGIN;\n"] if before_commit is not None else []
                 wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper
                 with wrapper(psycopg.ClientCursor(raw), db) as cursor:
-                    cursor.execute("".join(opening) + _CLAIM_PLANNING + _CLAIM, params)
+                    cursor.execute("".join(opening) + _CLAIM_PLANNING + statement, params)
                     for _ in range(len(opening) + 1):  # past the empty results of BEGIN and SET, to the claim's
                         cursor.nextset()
                     row = cursor.fetchone()
@@ -318,7 +327,7 @@ def claim(*, owner: str, times: Times, first_steps: str,
                 with raw.pipeline():
                     raw.execute("BEGIN")
                     raw.execute(_CLAIM_PLANNING)
-                    hot.cursor.execute(hot.text(_CLAIM), params)
+                    hot.cursor.execute(hot.text(statement), params)
                     if before_commit is None:
                         raw.execute("COMMIT")
                 row = hot.cursor.fetchone()

@@ -7,6 +7,7 @@ answer, a staff decision) into one `Next` action; the engine carries it out.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -127,9 +128,50 @@ def after_lookup(
     )
 
 
-def after_lookup_error(error: str, *, now: datetime, retry_in: timedelta) -> Next:
-    """A lookup that raised proves nothing: ask again later."""
-    return Next(action=Action.WAIT, until=now + retry_in, reason=f"lookup raised ({error}); asking again later")
+def after_lookup_error(
+    error: str,
+    *,
+    now: datetime,
+    retry_in: timedelta,
+    attempt: StepAttempt | None = None,
+    errors: int = 1,
+    max_errors: int | None = None,
+) -> Next:
+    """A lookup that raised proves nothing: ask again later; once the lookup of the same in-doubt `attempt` has
+    raised `max_errors` times in a row (`errors`, this one included), stop for staff with its last error.
+
+    Neither outcome is taken as found or absent. The count is written into the reason of the run's wait
+    (lookup_errors reads it back), so whichever process asks next counts on from the record."""
+    if attempt is None:
+        return Next(action=Action.WAIT, until=now + retry_in, reason=f"lookup raised ({error}); asking again later")
+    if max_errors is not None and errors >= max_errors:
+        return Next(
+            action=Action.STOP,
+            reason=(
+                f"the lookup of {attempt.step} raised {errors} times in a row, its budget of {max_errors}; the last "
+                f"time: {error}. Nothing shows whether {attempt.step} took effect: staff check the far system by "
+                f"its key {attempt.effect_key}, then retry the run (the lookup is asked again) or cancel it"
+            ),
+        )
+    budget = f" of {max_errors}" if max_errors is not None else ""
+    return Next(
+        action=Action.WAIT,
+        until=now + retry_in,
+        reason=f"lookup raised ({error}); asking again later {_tally(attempt, errors, budget)}",
+    )
+
+
+def _tally(attempt: StepAttempt, errors: int, budget: str) -> str:
+    return f"(raised {errors}{budget} times in a row by attempt {attempt.attempt} of {attempt.step})"
+
+
+def lookup_errors(reason: str, *, attempt: StepAttempt) -> int:
+    """How many times in a row the lookup of the in-doubt `attempt` has raised, as the run's reason says (the
+    wait after_lookup_error recorded); 0 when the reason is anything else (it found, it waited for the lag,
+    staff retried)."""
+    tail = re.escape(f" times in a row by attempt {attempt.attempt} of {attempt.step})")
+    found = re.findall(r"\(raised (\d+)(?: of \d+)?" + tail, reason)
+    return int(found[-1]) if found else 0
 
 
 def after_failure(

@@ -59,6 +59,14 @@ class RunStateQuerySet(models.QuerySet):
 
         return self.filter(status="needs_decision", reason__startswith=STOPPED_MARK)
 
+    def stopped_unasked(self) -> RunStateQuerySet:
+        """Runs stopped for staff with no escalation open on them (crash budget spent, a lookup that kept raising,
+        steps the deploy lacks, data the database refused): the escalation queue does not list them. Read
+        through run_state_stopped_idx."""
+        escalations = self.model._meta.apps.get_model("durableruns", "Escalation")._default_manager
+        return self.filter(status="needs_decision").exclude(
+            models.Exists(escalations.filter(run_id=models.OuterRef("pk"), decision__isnull=True)))
+
     def having_effect_key(self, key: str) -> RunStateQuerySet:
         """Runs with an attempt under `key` (EXISTS, so a run with many such attempts is listed once)."""
         attempts = self.model._meta.get_field("attempts").related_model._default_manager

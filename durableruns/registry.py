@@ -28,6 +28,11 @@ _registry: dict[str, Workflow] = {}
 _changes = 0  # bumped by every declaration, so what is derived from the registry is derived again
 FirstSteps = tuple[tuple[str, str, str], ...]  # (workflow, plan fingerprint, first step) each
 _first_steps: tuple[int, FirstSteps] = (-1, ())
+# The most characters a workflow's or a step's name may have: the record stores them in columns of this length
+# (run_state.workflow and run_plan.workflow; run_step.step, run_escalation.step and run_intervention.step, a
+# release under "<step>:release"). A longer name would be refused by the database in a worker's pass, run after
+# run; it is refused here, at import, instead (and checks.py holds this to the models' columns).
+NAME_LIMIT = 200
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +87,9 @@ class Workflow:
     def __init__(self, name: str, *, replace: bool = False) -> None:
         if not name or not isinstance(name, str):
             raise DeclarationError("a workflow needs a non-empty name")
+        if len(name) > NAME_LIMIT:
+            raise DeclarationError(f"workflow {name[:40]!r}... has a {len(name)}-character name: the record "
+                                   f"stores at most {NAME_LIMIT}", workflow=name)
         self.name = name
         self.module = _declaring_module(self)
         self.steps: list[Step] = []
@@ -145,6 +153,12 @@ class Workflow:
 
         def register(fn: StepFn) -> StepFn:
             name = fn.__name__
+            longest = release_step(name) if release is not None else name
+            if len(longest) > NAME_LIMIT:
+                raise DeclarationError(
+                    f"{self.name}: step {name[:40]!r}... is {len(longest)} characters long as recorded "
+                    f"({longest[:20]!r}...): the record stores a step's name in at most {NAME_LIMIT}",
+                    workflow=self.name, step=name)
             if name in self._by_name:
                 raise DeclarationError(f"{self.name}: step {name!r} is declared twice")
             if released_by and released_by in self._by_name:

@@ -115,6 +115,8 @@ def _settle_acquisition(engine: Engine, state: _Pass, step: Step, attempt: StepA
             f"ended unfinished, so it was not run again and nothing is held",
         )
         return False
+    if verdict.action is Action.STOP:  # its lookup raised too many times in a row: staff check the far system
+        raise _Stop(engine._release(state.lease, RunStatus.NEEDS_DECISION, verdict.reason))
     raise _Stop(engine._release(state.lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
 
 

@@ -12,12 +12,12 @@ import functools
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connection, connections, transaction
 from django.db.models import F
 
 from durableruns import conf, pgsql, signals
@@ -316,8 +316,9 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
 
 def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: str | None = None,
           first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None,
-          hints: bool = False) -> Claimed | None:
-    """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch.
+          hints: bool = False, skip: Collection[str] = ()) -> Claimed | None:
+    """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch. Runs in `skip`
+    are left out: a single pass's runs it left due again at once (worker.pool), so it does not spin on them.
 
     The first time this process (this deploy) finds nothing due, it first makes workable again the runs stopped
     for lacking steps this deploy has (reopen_runnable), and looks once more: a deploy that has the steps came
@@ -325,10 +326,10 @@ def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: 
     again when idle every DURABLERUNS_MISSING_STEP_RETRY_SECONDS, for runs another deploy's workers stopped since.
     """
     taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id, first_steps=first_steps,
-                   before_first_intent=before_first_intent, hints=hints)
+                   before_first_intent=before_first_intent, hints=hints, skip=skip)
     if taken is None and run_id is None and _reopen_when_due(clock):
         taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=None, first_steps=first_steps,
-                       before_first_intent=before_first_intent, hints=hints)
+                       before_first_intent=before_first_intent, hints=hints, skip=skip)
     return taken
 
 
@@ -368,7 +369,8 @@ def reopen_runnable(*, clock: Clock = DATABASE) -> int:
 
 
 def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None, first_steps: FirstSteps,
-           before_first_intent: Callable[[str], None] | None, hints: bool = False) -> Claimed | None:
+           before_first_intent: Callable[[str], None] | None, hints: bool = False,
+           skip: Collection[str] = ()) -> Claimed | None:
     """One claim, as `claim` describes it.
 
     On PostgreSQL, when it takes the oldest due run, a fresh run whose (workflow, plan fingerprint) is in
@@ -377,9 +379,19 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
     (fault injection). A claim of a named `run_id`, or on another database, records no intent.
     """
     if run_id is None and _fast():
-        taken = pgsql.claim(owner=owner, times={"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)},
-                            first_steps=_first_steps_json(first_steps), before_commit=before_first_intent,
-                            hints=hints)
+        times = {"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)}
+        try:
+            taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(first_steps),
+                                before_commit=before_first_intent, hints=hints, skip=skip)
+        except (DataError, IntegrityError):
+            if not first_steps:
+                raise
+            # The first intent rode on the claim and the database refused it: that run's data (a step name longer
+            # than its column, recorded before a deploy that refuses such names). The statement took nothing;
+            # claim again without it, so the engine records the intent on its own, where the pool ends that run's
+            # turn only (worker.pool) instead of this claim stopping every pass at the same run.
+            taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(()),
+                                before_commit=before_first_intent, hints=hints, skip=skip)
         if taken is None:
             return None
         taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending = taken
@@ -392,6 +404,8 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
     with transaction.atomic(durable=True):
         if run_id is None:
             candidates = RunState.objects.claimable(clock.expression())
+            if skip:
+                candidates = candidates.exclude(pk__in=list(skip))
         else:
             candidates = (RunState.objects.filter(pk=run_id).takeable(clock.expression())
                           .select_for_update(skip_locked=True))
@@ -888,3 +902,15 @@ def take_alert_mark(escalation_id: int, *, previous: datetime | None, now: datet
 def give_alert_mark_back(escalation_id: int, *, now: datetime, previous: datetime | None) -> None:
     """The alert was not sent: put the mark back, so the next pass tries again."""
     Escalation.objects.filter(pk=escalation_id, alerted_at=now).update(alerted_at=previous)
+
+
+def take_run_alert_mark(run_id: str, *, previous: datetime | None, now: datetime) -> bool:
+    """Mark a run stopped for staff alerted at `now`, only if it still is stopped and its mark is still
+    `previous` (what the pass read): of two overlapping passes, one takes it and sends."""
+    return bool(RunState.objects.filter(pk=run_id, status=RunStatus.NEEDS_DECISION, alerted_at=previous)
+                .update(alerted_at=now))
+
+
+def give_run_alert_mark_back(run_id: str, *, now: datetime, previous: datetime | None) -> None:
+    """The alert was not sent: put the mark back, so the next pass tries again."""
+    RunState.objects.filter(pk=run_id, alerted_at=now).update(alerted_at=previous)

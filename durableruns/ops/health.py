@@ -13,6 +13,7 @@ database's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import IntEnum
@@ -25,9 +26,11 @@ from durableruns.clock import Clock, host_skew
 from durableruns.engine import step_timeout
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import Escalation, RunState, RunStatus, RunStep, StepStatus, WorkerPresence
+from durableruns.plans import STOPPED_MARK
 from durableruns.registry import get_workflow
+from durableruns.worker.pool import REFUSED_MARK
 
-CHECKS = ("escalation", "due", "stuck", "skew")
+CHECKS = ("escalation", "stopped", "due", "stuck", "skew")
 SKIPPED: dict[str, str] = {}
 # A worker reports itself every few seconds (durableruns.worker.presence); one silent longer than this is gone.
 LIVE_WITHIN = timedelta(seconds=60)
@@ -60,6 +63,7 @@ class Problem:
     count: int = 1
     oldest_seconds: float | None = None
     runs: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()  # each run's reason, where the check reads them (stopped)
 
     def line(self) -> str:
         return f"{self.level.name} {self.check}: {self.message}"
@@ -72,6 +76,7 @@ class Problem:
             "count": self.count,
             "oldest_seconds": self.oldest_seconds,
             "runs": list(self.runs),
+            **({"reasons": dict(zip(self.runs, self.reasons, strict=True))} if self.reasons else {}),
         }
 
 
@@ -132,6 +137,7 @@ def check(*, limits: dict[str, Thresholds] | None = None, clock: Clock | None = 
     report = HealthReport(checked_at=now)
     for found in (
         check_escalations(now, chosen["escalation"]),
+        check_stopped(now, chosen["stopped"]),
         check_due(now, chosen["due"]),
         check_stuck(now, chosen["stuck"]),
     ):
@@ -201,6 +207,58 @@ def check_escalations(now: datetime, limits: Thresholds) -> list[Problem]:
             f"escalation queue)",
         )
     ]
+
+
+# Why a run stopped for staff with no escalation, as its reason says it; the first that matches names it.
+STOP_KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("crash_budget", lambda reason: "the crash budget of" in reason),
+    ("lookup_budget", lambda reason: reason.startswith("the lookup of ") and " times in a row" in reason),
+    ("lacking_steps", lambda reason: reason.startswith(STOPPED_MARK)),
+    ("data_refused", lambda reason: reason.startswith(REFUSED_MARK)),
+)
+
+
+def stop_kind(reason: str) -> str:
+    """Name why a run stopped for staff (crash_budget, lookup_budget, lacking_steps, data_refused, or other),
+    from its reason: what the metrics label it with and runs_health counts by."""
+    return next((kind for kind, matches in STOP_KINDS if matches(reason)), "other")
+
+
+def check_stopped(now: datetime, limits: Thresholds) -> list[Problem]:
+    """Runs stopped for staff with no escalation open, longer than the warning threshold (at once by default):
+    the escalation queue does not list them and nothing else asks anyone to retry or cancel them. Each is named
+    with its reason (the oldest's in the line, every one's in the JSON)."""
+    stopped = list(
+        RunState.objects.stopped_unasked()
+        .filter(updated_at__lte=now - limits.warning)
+        .order_by("updated_at")
+        .values_list("run_id", "updated_at", "reason")
+    )
+    if not stopped:
+        return []
+    run_id, since, reason = stopped[0]
+    age = now - since
+    kinds: dict[str, int] = {}
+    for _, _, each in stopped:
+        kinds[stop_kind(each)] = kinds.get(stop_kind(each), 0) + 1
+    counted = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(kinds.items()))
+    return [
+        Problem(
+            check="stopped",
+            level=limits.level(age),
+            count=len(stopped),
+            oldest_seconds=age.total_seconds(),
+            runs=tuple(r for r, _, _ in stopped[:20]),
+            reasons=tuple(each for _, _, each in stopped[:20]),
+            message=f"{len(stopped)} run(s) stopped for staff with no escalation ({counted}); oldest stopped "
+            f"{age_text(age)} ago: run {run_id}: {_short(reason)} (retry or cancel it in the admin)",
+        )
+    ]
+
+
+def _short(reason: str, limit: int = 300) -> str:
+    line = " ".join(reason.split())
+    return line if len(line) <= limit else f"{line[:limit]}..."
 
 
 def _due_since() -> Case:

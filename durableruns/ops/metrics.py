@@ -4,11 +4,12 @@
 prometheus_client is an optional extra (`pip install durableruns[metrics]`); nothing here imports it before a
 metric is asked for, so a site without it still starts, and the view answers 501 saying what to install.
 
-The record's gauges come from four queries: runs by workflow and status (an index-only scan of
+The record's gauges come from five queries: runs by workflow and status (an index-only scan of
 run_state_workflow_status_idx: it reads one index entry per run the record keeps, so retention bounds it; about
 0.15-0.2 s at 1.1M runs here, bench/results/prune.md), attempts in doubt (the pending, waiting, lease-expired
-and stopped runs through their partial indexes, then their started attempts by primary key), and open
-escalations (their queue). They are read at each scrape of the view, never by workers, so N workers add no load
+and stopped runs through their partial indexes, then their started attempts by primary key), open
+escalations (their queue), and runs stopped for staff with no escalation (through run_state_stopped_idx), counted
+by why they stopped. They are read at each scrape of the view, never by workers, so N workers add no load
 on the record. Each worker serves only its own counters (runs it handled by outcome, steps it ran, attempts it
 recorded failed, attempts it found in doubt, runs whose pass raised, passes and their duration, and its claims'
 latency): a worker knows those for free.
@@ -28,6 +29,7 @@ from django.http import HttpRequest, HttpResponse
 
 from durableruns.clock import Clock
 from durableruns.models import Escalation, RunState, RunStatus, RunStep, StepStatus
+from durableruns.ops.health import stop_kind
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -84,7 +86,35 @@ def record_families(clock: Clock | None = None) -> list[Any]:
     ):
         escalations.add_metric([workflow], count)
         escalation_age.add_metric([workflow], _seconds(now, oldest))
-    return [runs, doubt, doubt_age, escalations, escalation_age]
+    stopped = GaugeMetricFamily(
+        "durableruns_runs_stopped",
+        "Runs stopped for staff with no escalation open, by workflow and why (crash_budget, lookup_budget, "
+        "lacking_steps, data_refused, other).",
+        labels=["workflow", "reason"],
+    )
+    stopped_age = GaugeMetricFamily(
+        "durableruns_run_stopped_oldest_seconds",
+        "How long the oldest run stopped for staff with no escalation has stood stopped, by workflow.",
+        labels=["workflow"],
+    )
+    counts, oldest_of = stopped_by_workflow()
+    for (workflow, kind), count in sorted(counts.items()):
+        stopped.add_metric([workflow, kind], count)
+    for workflow, oldest in sorted(oldest_of.items()):
+        stopped_age.add_metric([workflow], _seconds(now, oldest))
+    return [runs, doubt, doubt_age, escalations, escalation_age, stopped, stopped_age]
+
+
+def stopped_by_workflow() -> tuple[dict[tuple[str, str], int], dict[str, datetime]]:
+    """Runs stopped for staff with no escalation: how many per (workflow, why) and when each workflow's oldest
+    stopped. Read through run_state_stopped_idx; they are few (each waits on a person)."""
+    counts: dict[tuple[str, str], int] = {}
+    oldest: dict[str, datetime] = {}
+    for workflow, reason, since in RunState.objects.stopped_unasked().values_list("workflow", "reason", "updated_at"):
+        key = (workflow, stop_kind(reason))
+        counts[key] = counts.get(key, 0) + 1
+        oldest[workflow] = min(since, oldest.get(workflow, since))
+    return counts, oldest
 
 
 def in_doubt_by_workflow(now: datetime) -> list[tuple[str, int, datetime]]:

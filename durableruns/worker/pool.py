@@ -260,6 +260,10 @@ class WorkerPool:
             self.stopping.then(waker.wake_all)
         self._in_hand: dict[str, InHand] = {}
         self._lock = threading.Lock()
+        # A single pass (no waker: --once, or resume_due called in-process) drains what is due and ends. A run it
+        # left due again at once (a wait already over: DURABLERUNS_LOOKUP_RETRY_SECONDS=0), or whose pass raised,
+        # would be claimed again and again, oldest first, and the pass never end: it leaves those to the next.
+        self._left: set[str] = set()
 
     def in_hand(self) -> list[InHand]:
         with self._lock:
@@ -315,6 +319,20 @@ class WorkerPool:
             if own_connection:
                 connections.close_all()  # this thread's own
 
+    @property
+    def _single_pass(self) -> bool:
+        return self.waker is None and self.run_id is None
+
+    def _leave(self, run_id: str) -> None:
+        """Leave `run_id` to the next pass, if this is a single pass."""
+        if self._single_pass:
+            with self._lock:
+                self._left.add(run_id)
+
+    def _leaving(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._left)
+
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
@@ -345,6 +363,7 @@ class WorkerPool:
                 first_steps=first_steps(),
                 before_first_intent=_before_first_intent(),
                 hints=self.waker is not None,  # idle threads that wait need when to wake, and whom
+                skip=self._leaving(),
             )
             if self.on_claim is not None:
                 self.on_claim(time.monotonic() - asked)
@@ -370,17 +389,22 @@ class WorkerPool:
             try:
                 outcome = engine.work(claimed)
             except (DataError, IntegrityError) as exc:  # this run's data, not the database's health
-                self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock)))
+                self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock, refused=True)))
+                self._leave(run_id)
                 continue
             except DatabaseError:
                 raise
             except Exception as exc:  # a bug, not a step's failure: record it, keep the others going
                 self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock)))
+                self._leave(run_id)
                 continue
             finally:
                 with self._lock:
                     self._in_hand.pop(threading.current_thread().name, None)
             self.report.outcomes.append(outcome)
+            if outcome.status == RunStatus.WAITING and outcome.wake_at is not None and self._single_pass:
+                if outcome.wake_at <= self.clock.now():  # due again already
+                    self._leave(run_id)
             if self.on_outcome is not None:
                 self.on_outcome(outcome)
             if self.run_id is not None:
@@ -404,21 +428,30 @@ def _before_first_intent() -> Callable[[str], None] | None:
     return lambda step: testing.reached("before_intent", step)
 
 
-def set_aside(lease: store.Lease, exc: Exception, clock: Clock) -> str:
-    """Record why a run's pass raised and release it for a backoff, fenced on its epoch (a run another worker
-    took meanwhile is left to it); return the error as the operator sees it."""
+def set_aside(lease: store.Lease, exc: Exception, clock: Clock, *, refused: bool = False) -> str:
+    """Record why a run's pass raised and release it, fenced on its epoch (a run another worker took meanwhile is
+    left to it); return the error as the operator sees it. A bug waits out a backoff and is tried again; data the
+    database `refused` (an over-long step name) would be refused again at every try, each time first in the
+    pass: that run is stopped for staff, the error its reason, where runs_health and the alerts report it."""
     error = f"{type(exc).__name__}: {exc}".strip()
     log.error("run %s: durableruns raised while working it: %s", lease.run_id, error, exc_info=exc)
-    try:
-        store.release(
-            lease,
-            status=RunStatus.WAITING,
-            clock=clock,
-            wake_at=clock.now() + conf.internal_error_backoff(),
-            reason=f"durableruns raised while working this run ({error}); trying again after a backoff",
+    if refused:
+        status, wake_at = RunStatus.NEEDS_DECISION, None
+        reason = (
+            f"{REFUSED_MARK}{error}). Trying again would be refused the same way: staff decide (fix the "
+            f"declaration and retry the run, or cancel it)"
         )
+    else:
+        status, wake_at = RunStatus.WAITING, clock.now() + conf.internal_error_backoff()
+        reason = f"durableruns raised while working this run ({error}); trying again after a backoff"
+    try:
+        store.release(lease, status=status, clock=clock, wake_at=wake_at, reason=reason)
     except FencedOut:
         pass
     except DatabaseError as again:  # the lease runs out on its own and the run is taken again then
         log.error("run %s: could not record the error: %s", lease.run_id, again)
     return error
+
+
+# How the reason of a run stopped because the database refused its data begins (ops.health sorts reasons by it).
+REFUSED_MARK = "stopped for staff: the database refused this run's data ("

@@ -11,10 +11,10 @@ import pytest
 from django.db import connection
 
 import durableruns
-from durableruns import Rejected, services
+from durableruns import Rejected, registry, services
 from durableruns.clock import Clock
 from durableruns.models import Intervention, RunState, RunStatus, RunStep
-from tests.factories import complete, crash_after_intent, make_run
+from tests.factories import complete, crash_after_intent, declare_unchecked, make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -263,11 +263,7 @@ def test_a_nul_character_in_an_error_is_replaced_and_the_pass_goes_on():
     assert run(bad).status == RunStatus.FAILED and run(after).status == RunStatus.COMPLETED
 
 
-too_long = durableruns.Workflow("deployed_too_long")
-
-
-@too_long.step(policy="re_executable")
-def short(ctx: Any) -> dict[str, Any]:
+def _short(ctx: Any) -> dict[str, Any]:
     return {}
 
 
@@ -275,25 +271,40 @@ def _long_named(ctx: Any) -> dict[str, Any]:
     return {}
 
 
+_short.__name__ = "short"
 _long_named.__name__ = "s" * 250  # longer than run_step.step holds: the database refuses the row
-too_long.step(policy="re_executable")(_long_named)
+
+
+@pytest.fixture
+def too_long():
+    """A workflow whose second step's name is longer than the record stores. Workflow.step refuses such a name
+    now (DeclarationError, and `check` says so): it stands for a deploy from before, whose runs are recorded.
+    Registered for the test only, so no other test's system checks see it."""
+    workflow = durableruns.Workflow("deployed_too_long")
+    declare_unchecked(workflow, _short)
+    declare_unchecked(workflow, _long_named)
+    yield workflow
+    registry._registry.pop(workflow.name, None)
+    registry._declared()
 
 
 @pytest.mark.postgres
-def test_a_database_error_from_one_runs_data_ends_that_runs_turn_only(settings):
+def test_a_database_error_from_one_runs_data_ends_that_runs_turn_only(settings, too_long):
     settings.DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS = 600
     bad = make_run("deployed_too_long")
     after = make_run("scripted")
     report = services.resume_due()
     assert [run_id for run_id, _ in report.crashed] == [bad]
     state = run(bad)
-    assert state.status == RunStatus.WAITING and "DataError" in state.reason and "value too long" in state.reason
-    assert state.wake_at > Clock().now() + timedelta(seconds=500)
+    # Refused again at every try: stopped for staff with the error, not retried first in every pass
+    assert state.status == RunStatus.NEEDS_DECISION and "DataError" in state.reason
+    assert "value too long" in state.reason and state.wake_at is None and state.lease_expires_at is None
     assert run(after).status == RunStatus.COMPLETED  # worked in the same pass
     assert connection.connection.info.transaction_status == 0  # idle: the failed statement left nothing open
 
 
-def test_a_bug_inside_durableruns_records_its_reason_and_releases_the_run_with_a_backoff(monkeypatch, settings):
+def test_a_bug_inside_durableruns_records_its_reason_and_releases_the_run_with_a_backoff(monkeypatch, settings,
+                                                                                       too_long):
     settings.DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS = 600
     from durableruns import engine
 
@@ -313,3 +324,37 @@ def test_a_bug_inside_durableruns_records_its_reason_and_releases_the_run_with_a
     assert state.status == RunStatus.WAITING and "durableruns raised" in state.reason and "boundary bug" in state.reason
     assert state.lease_expires_at is None and state.wake_at > Clock().now() + timedelta(seconds=500)
     assert run(after).status == RunStatus.COMPLETED
+
+
+def _first_long_named(ctx: Any) -> dict[str, Any]:
+    return {}
+
+
+_first_long_named.__name__ = "f" * 250  # its intent rides on the claim's own statement (pgsql._CLAIM)
+
+
+@pytest.fixture
+def first_too_long():
+    """As too_long, the over-long step first: a fresh run's first intent is written by the claim itself."""
+    workflow = durableruns.Workflow("deployed_first_too_long")
+    declare_unchecked(workflow, _first_long_named)
+    yield workflow
+    registry._registry.pop(workflow.name, None)
+    registry._declared()
+
+
+@pytest.mark.postgres
+def test_a_first_step_the_database_refuses_in_the_claim_ends_that_runs_turn_only(first_too_long):
+    bad = make_run("deployed_first_too_long")
+    good = make_run("scripted")
+    report = services.resume_due()  # raised DataError out of the claim, every pass, before the fix
+    assert [run_id for run_id, _ in report.crashed] == [bad]
+    state = run(bad)
+    assert state.status == RunStatus.NEEDS_DECISION and "value too long" in state.reason
+    assert not RunStep.objects.filter(run_id=bad).exists()  # nothing half recorded
+    assert run(good).status == RunStatus.COMPLETED
+    # A later pass does not take it first again: the next run is worked, the stopped one left to staff
+    later = make_run("scripted")
+    again = services.resume_due()
+    assert again.crashed == [] and [o.run_id for o in again.outcomes] == [later]
+    assert run(later).status == RunStatus.COMPLETED and run(bad).status == RunStatus.NEEDS_DECISION

@@ -218,3 +218,23 @@ def test_a_worker_killed_in_a_release_resumes_it_with_no_second_release(
         assert [(a, s) for a, s, _ in rows] == [(1, "started"), (2, "completed")]
     keys = set(RunStep.objects.filter(run_id=run_id, step=release).values_list("effect_key", flat=True))
     assert keys == {f"{run_id}:{release}"}
+
+
+def test_an_acquisition_whose_lookup_keeps_raising_while_the_run_ends_stops_for_staff(
+    far: FarSystems, workers: Workers, tmp_path: Path
+) -> None:
+    run_id = make_run("holding")
+    killed = workers.run("--worker", "doomed", "--lease", "1", DURABLERUNS_CRASH_AT="reserve@after_effect", **FAST)
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    services.cancel_run(run_id, by="alice", note="stop it")
+    unreachable = tmp_path / "warehouse-down"
+    unreachable.write_text("not a directory")  # the warehouse's lookup raises
+    wait_until(lambda: RunState.objects.due(timezone.now()).exists(), what="the dead worker's lease to run out")
+    done = workers.run("--lease", "1", **dict(FAST, FAR_DIR=str(unreachable), DURABLERUNS_MAX_LOOKUP_ERRORS="1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = RunState.objects.get(pk=run_id)
+    # Stopped for staff with the lookup's error; before, a run left waiting with no wake time, never taken again
+    assert state.status == RunStatus.NEEDS_DECISION and state.ending == RunStatus.CANCELLED, state.reason
+    assert state.reason.startswith("the lookup of reserve raised 1 times in a row")
+    assert "FileExistsError" in state.reason
+    assert holdings(run_id)["reserve"] == HoldState.POSSIBLY_HELD and far.warehouse.releases() == []

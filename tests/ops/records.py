@@ -71,3 +71,20 @@ def staff_touch(run_id: str) -> Intervention:
         decided_at=Clock().now(),
         note="retried after the outage",
     )
+
+
+def stopped_by_crash_budget(settings: Any, workflow: str = "scripted") -> str:
+    """A run stopped for staff as the issue's review found one: DURABLERUNS_MAX_CRASHES = 1, a worker that died
+    after its intent (the started row it leaves), and one pass: needs_decision, with no escalation."""
+    from durableruns import services
+    from durableruns.models import RunStatus
+    from tests.factories import crash_after_intent
+
+    settings.DURABLERUNS_MAX_CRASHES = 1
+    run_id = make_run(workflow)
+    crash_after_intent(run_id, "first")
+    services.resume_due()
+    state = RunState.objects.get(pk=run_id)
+    assert state.status == RunStatus.NEEDS_DECISION and "crash budget of 1" in state.reason, state.reason
+    assert not Escalation.objects.filter(run_id=run_id).exists()
+    return run_id

@@ -14,10 +14,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from durableruns.clock import Clock
-from durableruns.models import Escalation, RunStatus
+from durableruns.models import Escalation, RunState, RunStatus
 from durableruns.ops import alerts
 from tests.admin.users import OPERATE, VIEW, staff
-from tests.ops.records import aged_run, escalate
+from tests.ops.records import aged_run, escalate, stopped_by_crash_budget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,3 +179,30 @@ def test_without_alert_runs_health_sends_nothing(people):
     with pytest.raises(CommandError):
         call_command("runs_health", stdout=StringIO(), stderr=StringIO())
     assert mail.outbox == []
+
+
+def test_a_run_stopped_for_staff_with_no_escalation_is_mailed_with_its_reason_to_who_may_retry_it(people, settings):
+    run = stopped_by_crash_budget(settings)
+    settings.DURABLERUNS_ESCALATION_ALERT_SECONDS = 0
+    report = alerts.send_alerts()
+    assert report.stopped.sent == [(run, ("alice@example.com", "root@example.com"))]  # who hold retry_run
+    [message] = mail.outbox
+    assert message.subject.startswith(f"[durableruns] {run}: stopped for staff")
+    assert "Why it stopped (crash budget): first ended in doubt 1 times" in message.body
+    assert f"https://ops.example.com/admin/durableruns/runstate/{run}/change/" in message.body
+    settings.DURABLERUNS_ESCALATION_ALERT_SECONDS = 3600
+    assert alerts.send_alerts().stopped.sent == [] and len(mail.outbox) == 1  # once per period
+    # Retried and stopped again: the new stop is mailed after the period, whatever the last mail
+    now = Clock().now()
+    RunState.objects.filter(pk=run).update(alerted_at=now - timedelta(hours=3), updated_at=now - timedelta(hours=2))
+    assert alerts.send_alerts().stopped.sent == [(run, ("alice@example.com", "root@example.com"))]
+
+
+def test_runs_health_alert_mails_stopped_runs_too(people, settings):
+    run = stopped_by_crash_budget(settings)
+    settings.DURABLERUNS_ESCALATION_ALERT_SECONDS = 0
+    out = StringIO()
+    with pytest.raises(CommandError):  # the stopped run is a warning
+        call_command("runs_health", "--alert", "--json", stdout=out, stderr=StringIO())
+    data = json.loads(out.getvalue())
+    assert data["alerts"]["stopped_runs"]["sent"] == [run] and len(mail.outbox) == 1

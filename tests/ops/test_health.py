@@ -18,7 +18,7 @@ from django.db import connection
 from durableruns.clock import Clock
 from durableruns.models import RunState, RunStatus, RunStep, StepStatus, WorkerPresence
 from tests.conftest import ROOT
-from tests.ops.records import aged_run, escalate
+from tests.ops.records import aged_run, escalate, stopped_by_crash_budget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -231,3 +231,39 @@ def test_live_workers_that_fell_back_to_polling_or_whose_clock_is_off_are_named(
     worker("host-e:5", pickup="listening on durableruns_due", skew=120.0)
     status, out = health()
     assert status == 2 and "CRITICAL skew: worker host-e:5's clock is 120.0s ahead of the database's" in out, out
+
+
+def test_a_run_stopped_for_staff_with_no_escalation_is_reported_at_once_with_its_reason(settings):
+    run = stopped_by_crash_budget(settings)
+    status, out = health()  # the default thresholds: reported at once, critical after 4 hours
+    assert status == 1, out
+    [line] = out.splitlines()
+    assert line.startswith("WARNING stopped: 1 run(s) stopped for staff with no escalation (1 crash budget)")
+    assert f"run {run}: first ended in doubt 1 times" in line and "crash budget of 1 is used up" in line
+    # With the thresholds at 0 (the review's set-up; skew left alone: any host is some way off), it is there too
+    zero = [arg for check in ("escalation", "stopped", "due", "stuck") for arg in (f"--{check}-warning", "0")]
+    assert "WARNING stopped: 1 run(s) stopped for staff with no escalation (1 crash budget)" in health(*zero)[1]
+    report = json.loads(health("--json")[1])
+    [problem] = report["problems"]
+    assert problem["check"] == "stopped" and problem["runs"] == [run]
+    assert problem["reasons"] == {run: RunState.objects.get(pk=run).reason}
+    RunState.objects.filter(pk=run).update(updated_at=Clock().now() - timedelta(hours=5))
+    assert health()[0] == 2
+    assert health("--stopped-warning", "21600", "--stopped-critical", "86400")[0] == 0
+    # Once an escalation is open on it, the escalation check speaks for it instead
+    escalate(run, opened_ago=timedelta(hours=5))
+    status, out = health()
+    assert status == 1 and out.startswith("WARNING escalation"), out
+
+
+def test_every_kind_of_stop_is_named(settings):
+    from durableruns.ops.health import stop_kind
+    from durableruns.plans import STOPPED_MARK
+    from durableruns.worker.pool import REFUSED_MARK
+
+    crashed = RunState.objects.get(pk=stopped_by_crash_budget(settings)).reason
+    assert stop_kind(crashed) == "crash_budget"
+    assert stop_kind(f"{STOPPED_MARK}x of the run's plan") == "lacking_steps"
+    assert stop_kind(f"{REFUSED_MARK}DataError: value too long)") == "data_refused"
+    assert stop_kind("the lookup of pay raised 3 times in a row, its budget of 3; ...") == "lookup_budget"
+    assert stop_kind("something else") == "other"

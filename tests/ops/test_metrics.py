@@ -16,7 +16,7 @@ from durableruns.models import RunState, RunStatus, RunStep, StepStatus
 from tests.admin.users import VIEW, logged_in, staff
 from tests.conftest import wait_until
 from tests.factories import crash_after_intent, make_run
-from tests.ops.records import aged_run, escalate
+from tests.ops.records import aged_run, escalate, stopped_by_crash_budget
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.ops.urls")]
 
@@ -160,3 +160,23 @@ def test_a_worker_serves_its_own_counters_on_its_metrics_port(workers):
     assert claims >= 5
     assert got[("durableruns_worker_claim_seconds_bucket", (("le", "+Inf"),))] == claims
     assert got[("durableruns_worker_claim_seconds_sum", ())] > 0
+
+
+def test_runs_stopped_for_staff_with_no_escalation_are_counted_by_why(settings):
+    from durableruns.ops.metrics import render_record
+
+    crashed = stopped_by_crash_budget(settings)
+    RunState.objects.filter(pk=crashed).update(updated_at=Clock().now() - timedelta(minutes=30))
+    aged_run(
+        RunStatus.NEEDS_DECISION,
+        attempts=0,
+        reason="stopped for staff: the database refused this run's data (DataError: value too long)",
+    )
+    escalated = aged_run(RunStatus.NEEDS_DECISION, attempts=0)
+    escalate(escalated)  # listed by the escalation gauges, not as stopped
+    found = samples(render_record().decode())
+    assert found[("durableruns_runs_stopped", (("reason", "crash_budget"), ("workflow", "scripted")))] == 1
+    assert found[("durableruns_runs_stopped", (("reason", "data_refused"), ("workflow", "scripted")))] == 1
+    assert sum(v for (name, _), v in found.items() if name == "durableruns_runs_stopped") == 2
+    oldest = found[("durableruns_run_stopped_oldest_seconds", (("workflow", "scripted"),))]
+    assert 1800 <= oldest < 1900

@@ -19,6 +19,7 @@ from durableruns.policies import (
     cap_attempts,
     cap_crashes,
     last_call_bound,
+    lookup_errors,
     settle_in_doubt,
 )
 
@@ -147,3 +148,22 @@ def test_a_renewal_does_not_make_absence_provable_before_the_lease_it_took_ran_o
     early = after_lookup(None, attempt=renewed, now=T0 + timedelta(seconds=8), timeout=six, lookup_lag=timedelta(0),
                          lease=six)
     assert early.action is Action.WAIT and early.until == T0 + timedelta(seconds=14) > far_commit
+
+
+def test_a_lookup_that_keeps_raising_stops_for_staff_once_its_budget_is_spent_counting_from_the_reason():
+    pay = StepAttempt(step="pay (card)", attempt=2, status="started", effect_key="po-1:pay (card)")
+    reason, counted = "", []
+    for _ in range(3):  # each pass reads the count back from the reason the last wait recorded
+        errors = lookup_errors(reason, attempt=pay) + 1
+        verdict = after_lookup_error("TimeoutError: (x)", now=T0, retry_in=timedelta(0), attempt=pay, errors=errors,
+                                     max_errors=3)
+        counted.append((errors, verdict.action))
+        reason = verdict.reason + " (the call raised OSError)"  # what the engine may append
+    assert counted == [(1, Action.WAIT), (2, Action.WAIT), (3, Action.STOP)]
+    assert "raised 3 times in a row" in reason and "TimeoutError: (x)" in reason and "po-1:pay (card)" in reason
+    # Another attempt, another step, or a reason that is not a lookup's wait: counting starts again
+    wait = after_lookup_error("E", now=T0, retry_in=timedelta(0), attempt=pay, errors=2, max_errors=3).reason
+    assert lookup_errors(wait, attempt=pay) == 2
+    assert lookup_errors(wait, attempt=StepAttempt(step="pay (card)", attempt=3, status="started")) == 0
+    assert lookup_errors(wait, attempt=StepAttempt(step="card)", attempt=2, status="started")) == 0
+    assert lookup_errors("pay (card) not found yet", attempt=pay) == 0

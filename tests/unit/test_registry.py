@@ -196,3 +196,45 @@ def test_django_refuses_to_start_when_two_modules_declare_one_workflow_name(tmp_
     fine = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env=dict(env, DURABLERUNS_WORKFLOW_MODULES="tests.faults.deploy_v2"))
     assert fine.returncode == 0, fine.stderr  # a deploy that replaces purchase_order on purpose still starts
+
+
+def test_a_name_the_record_cannot_store_is_refused_at_declaration():
+    wf = Workflow("unit_long_names")
+
+    def fits(ctx): ...
+
+    def too_long(ctx): ...
+
+    def give_back(ctx): ...
+
+    fits.__name__ = "s" * registry.NAME_LIMIT
+    wf.step(policy="re_executable")(fits)  # exactly as long as run_step.step holds
+    too_long.__name__ = "t" * 250
+    with pytest.raises(DeclarationError, match="at most 200") as raised:
+        wf.step(policy="re_executable")(too_long)
+    assert raised.value.step == too_long.__name__
+    too_long.__name__ = "r" * 195  # fits, but its release is recorded as "<step>:release": 203 characters
+    with pytest.raises(DeclarationError, match="203 characters long"):
+        wf.step(policy="re_executable", release=give_back)(too_long)
+    with pytest.raises(DeclarationError, match="250-character name"):
+        Workflow("w" * 250)
+    assert wf.plan == (fits.__name__,)
+    registry._registry.pop("unit_long_names")
+
+
+def test_a_name_that_went_round_the_declaration_is_a_system_check_error():
+    from durableruns.checks import check_workflows
+    from tests.factories import declare_unchecked
+
+    wf = Workflow("unit_long_unchecked")
+
+    def too_long(ctx): ...
+
+    too_long.__name__ = "u" * 250
+    declare_unchecked(wf, too_long)
+    try:
+        [error] = [m for m in check_workflows() if m.id == "durableruns.E005"]
+        assert error.msg.startswith(f"unit_long_unchecked.{'u' * 40}... is recorded under a 250-character")
+    finally:
+        registry._registry.pop("unit_long_unchecked")
+    assert not [m for m in check_workflows() if m.id == "durableruns.E005"]

@@ -23,6 +23,7 @@ _seconds.__name__ = "seconds"
 
 _WHAT = {
     "escalation": "an escalation open longer than this",
+    "stopped": "a run stopped for staff with no escalation (crash budget spent, ...) longer than this",
     "due": "a run due (pending, waiting past its wake time, lease expired) longer than this",
     "stuck": "a run held this long past its step's timeout",
     "skew": "this host's clock this far from the database's",
@@ -32,7 +33,8 @@ _WHAT = {
 class Command(BaseCommand):
     help = (
         "Report problems as monitoring plugins do: one line each, exit status 0 (all well), 1 (warning) or "
-        "2 (critical). Checks: escalations left open, runs due with no worker taking them, runs stuck past "
+        "2 (critical). Checks: escalations left open, runs stopped for staff with no escalation, runs due with "
+        "no worker taking them, runs stuck past "
         "their step's timeout, this host's clock against the database's. Ages are the database's clock."
     )
 
@@ -45,7 +47,8 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print the report as JSON instead.")
         parser.add_argument("--alert", action="store_true",
                             help="First e-mail the staff who may decide each escalation open longer than "
-                                 "DURABLERUNS_ESCALATION_ALERT_SECONDS (at most once per that period); the "
+                                 "DURABLERUNS_ESCALATION_ALERT_SECONDS, and those who may retry each run stopped "
+                                 "for staff with no escalation that long (at most once per that period); the "
                                  "summary goes to stderr (in the JSON, under \"alerts\").")
 
     def handle(self, *args: Any, json: bool, alert: bool, **options: Any) -> None:
@@ -57,7 +60,7 @@ class Command(BaseCommand):
                 warning=default.warning if warning is None else timedelta(seconds=warning),
                 critical=default.critical if critical is None else timedelta(seconds=critical))
         try:
-            sent = alerts.send_escalation_alerts() if alert else None
+            sent = alerts.send_alerts() if alert else None
             report = health.check(limits=limits)
         except DatabaseError as exc:
             message = f"the database cannot be read: {exc}".strip()
@@ -72,6 +75,11 @@ class Command(BaseCommand):
             if sent is not None:
                 data["alerts"] = {"summary": sent.summary(), "sent": [pk for pk, _ in sent.sent],
                                   "failed": [pk for pk, _ in sent.failed], "recipients": list(sent.recipients)}
+                if sent.stopped is not None:
+                    data["alerts"]["stopped_runs"] = {
+                        "sent": [run for run, _ in sent.stopped.sent],
+                        "failed": [run for run, _ in sent.stopped.failed],
+                        "recipients": list(sent.stopped.recipients)}
             self.stdout.write(_json(data))
         else:
             for line in report.lines():
