@@ -12,8 +12,10 @@ import json
 import logging
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -45,6 +47,20 @@ if TYPE_CHECKING:
     from durableruns.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("durableruns")
+
+
+def _load_tracing() -> ModuleType | None:
+    """durableruns.tracing when the [otel] extra is installed; else None, and nothing of OpenTelemetry imported."""
+    try:
+        from durableruns import tracing
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "opentelemetry":
+            raise
+        return None
+    return tracing
+
+
+TRACING = _load_tracing()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,7 +186,7 @@ class Engine:
                 return self.work(claimed)
         self._heartbeat.hold(claimed.lease)
         try:
-            return self._work(claimed)
+            return self._work(claimed) if TRACING is None else TRACING.run_pass(claimed, self._work)
         finally:
             self._heartbeat.drop(claimed.lease)
 
@@ -273,6 +289,16 @@ class Engine:
         signals.send_on_commit(signals.step_in_doubt, RunStep, run_id=state.run_id, workflow=state.claimed.workflow,
                                step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
                                policy=step.policy.value, cause=cause)
+        if TRACING is None:
+            verdict = self._verdict(state, step, attempt, cause)
+        else:
+            verdict = TRACING.settle(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name,
+                                     attempt=attempt.attempt, policy=step.policy,
+                                     decide=lambda: self._verdict(state, step, attempt, cause))
+        return self._apply(state, step, index, attempt, verdict)
+
+    def _verdict(self, state: _Pass, step: Step, attempt: StepAttempt, cause: str) -> Next:
+        """What the step's policy makes of an in-doubt attempt: asks its lookup, or reads staff's decision."""
         outcome, escalation_open = self._escalation_state(state.run_id, step, attempt)
         verdict = settle_in_doubt(step.policy, attempt=attempt, escalation_open=escalation_open,
                                   staff_outcome=outcome)
@@ -283,7 +309,7 @@ class Engine:
         if step.policy is not Policy.ESCALATE:  # a person settles each escalation: no budget to count there
             verdict = cap_crashes(verdict, step=step.name, crashes=state.tally(step.name)[1],
                                   max_crashes=conf.max_crashes())
-        return self._apply(state, step, index, attempt, verdict)
+        return verdict
 
     def _apply(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, verdict: Next
                ) -> tuple[Intent | None, bool]:
@@ -370,8 +396,9 @@ class Engine:
             progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
         )
         ensure_autocommit()
-        result = step.fn(ctx)
-        return result, store.to_json(result, what=f"the result of {step.name}")
+        with _traced_call(state, step, intent.attempt):
+            result = step.fn(ctx)
+            return result, store.to_json(result, what=f"the result of {step.name}")
 
     def _after_error(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
                      exc: Exception) -> tuple[Intent, bool] | None:
@@ -383,7 +410,7 @@ class Engine:
         attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
                               effect_key=intent.effect_key, renewed_at=now,
                               loop_cursor=state.loop_cursor, progress=state.progress)
-        if step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE:
+        if _fails(step, exc):
             store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, clock=self.clock,
                                  intent_recorded=recorded, effect_key=intent.effect_key)
             state.tally(step.name)[0] += 1
@@ -519,6 +546,20 @@ def _done_elsewhere(name: str, policy: str) -> Step:
         raise UnknownWorkflow(f"step {name} is not in this deploy", step=name)
 
     return Step(name=name, fn=absent, policy=Policy(policy))
+
+
+def _fails(step: Step, exc: Exception) -> bool:
+    """Whether what the step raised is an observed failure: a declared rejection, or any error of a step that may
+    run again. Anything else leaves the attempt in doubt."""
+    return step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE
+
+
+def _traced_call(state: _Pass, step: Step, attempt: int) -> AbstractContextManager[None]:
+    """The attempt's span around its call (durableruns.tracing), or nothing without the [otel] extra."""
+    if TRACING is None:
+        return nullcontext()
+    return TRACING.call(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name, attempt=attempt,
+                        policy=step.policy, fails=lambda exc: _fails(step, exc))
 
 
 def step_timeout(step: Step) -> timedelta:

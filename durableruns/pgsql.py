@@ -110,9 +110,9 @@ WAKE = f"SELECT pg_notify('{WAKE_CHANNEL}', '')"
 _CREATE_RUN = """
 WITH created AS (
   INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, lease_expires_at,
-                         wake_at, reason, input, created_at, updated_at)
-  VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb, now(),
-          now())
+                         wake_at, reason, input, trace_context, created_at, updated_at)
+  VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb,
+          %(trace)s::jsonb, now(), now())
   RETURNING run_id)
 SELECT pg_notify('""" + WAKE_CHANNEL + """', '') FROM created
 """
@@ -374,10 +374,12 @@ def wake_workers() -> None:
         cursor.execute(WAKE)
 
 
-def create_run(*, run: str, workflow: str, fingerprint: str, input: str) -> None:
-    """Record a pending run (`input` as JSON text) created at the database's now: the row RunState.objects.create
-    writes, without building it through the ORM. A duplicate run_id raises Django's IntegrityError."""
-    _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input})
+def create_run(*, run: str, workflow: str, fingerprint: str, input: str, trace: str | None = None) -> None:
+    """Record a pending run (`input`, and `trace`, its trace context or None, as JSON text) created at the
+    database's now: the row RunState.objects.create writes, without building it through the ORM. A duplicate run_id
+    raises Django's IntegrityError."""
+    _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input,
+                            "trace": trace})
 
 
 def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int, **intent: Any) -> bool:

@@ -282,16 +282,19 @@ def plan_of(workflow: str, fingerprint: str) -> Plan | None:
 
 
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any],
-               clock: Clock = DATABASE, plan: Plan | None = None) -> None:
+               clock: Clock = DATABASE, plan: Plan | None = None, trace_context: dict[str, str] | None = None
+               ) -> None:
     """Record a pending run, created at the database's now; a worker picks it up. `plan`, the run's plan, is
-    recorded with it the first time this process starts a run of that fingerprint.
+    recorded with it the first time this process starts a run of that fingerprint. `trace_context`: the trace the
+    run's passes continue (durableruns.tracing), if one was current.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
     caller's own records do.
     """
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
-              "status": RunStatus.PENDING, "created_at": clock.expression(), "updated_at": clock.expression()}
+              "status": RunStatus.PENDING, "created_at": clock.expression(), "updated_at": clock.expression(),
+              "trace_context": trace_context}
     try:
         if connection.in_atomic_block:
             with transaction.atomic():
@@ -304,7 +307,8 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
                 record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
             if _fast():
                 pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
-                                 input=to_json(input, what="the input"))
+                                 input=to_json(input, what="the input"),
+                                 trace=None if trace_context is None else to_json(trace_context, what="the trace"))
             else:
                 RunState.objects.create(**fields)
     except IntegrityError:
