@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import sys
 import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -49,18 +50,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("durableruns")
 
 
-def _load_tracing() -> ModuleType | None:
-    """durableruns.tracing when the [otel] extra is installed; else None, and nothing of OpenTelemetry imported."""
-    try:
-        from durableruns import tracing
-    except ImportError as exc:
-        if (exc.name or "").partition(".")[0] != "opentelemetry":
-            raise
+def tracing_in_use() -> ModuleType | None:
+    """durableruns.tracing once the process uses OpenTelemetry, else None, and nothing of it is imported.
+
+    Only a process that imported OpenTelemetry's API can have a span current or a tracer provider configured; one
+    without the [otel] extra never can, and one that has it but does not trace pays nothing, not even the import.
+    """
+    if "opentelemetry.trace" not in sys.modules:
         return None
+    from durableruns import tracing
+
     return tracing
-
-
-TRACING = _load_tracing()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,7 +186,8 @@ class Engine:
                 return self.work(claimed)
         self._heartbeat.hold(claimed.lease)
         try:
-            return self._work(claimed) if TRACING is None else TRACING.run_pass(claimed, self._work)
+            traces = tracing_in_use()
+            return self._work(claimed) if traces is None else traces.run_pass(claimed, self._work)
         finally:
             self._heartbeat.drop(claimed.lease)
 
@@ -289,10 +290,11 @@ class Engine:
         signals.send_on_commit(signals.step_in_doubt, RunStep, run_id=state.run_id, workflow=state.claimed.workflow,
                                step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
                                policy=step.policy.value, cause=cause)
-        if TRACING is None:
+        traces = tracing_in_use()
+        if traces is None:
             verdict = self._verdict(state, step, attempt, cause)
         else:
-            verdict = TRACING.settle(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name,
+            verdict = traces.settle(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name,
                                      attempt=attempt.attempt, policy=step.policy,
                                      decide=lambda: self._verdict(state, step, attempt, cause))
         return self._apply(state, step, index, attempt, verdict)
@@ -556,9 +558,10 @@ def _fails(step: Step, exc: Exception) -> bool:
 
 def _traced_call(state: _Pass, step: Step, attempt: int) -> AbstractContextManager[None]:
     """The attempt's span around its call (durableruns.tracing), or nothing without the [otel] extra."""
-    if TRACING is None:
+    traces = tracing_in_use()
+    if traces is None:
         return nullcontext()
-    return TRACING.call(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name, attempt=attempt,
+    return traces.call(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name, attempt=attempt,
                         policy=step.policy, fails=lambda exc: _fails(step, exc))
 
 

@@ -55,7 +55,7 @@ WITH claimed AS (
           ORDER BY created_at
           LIMIT 1
             FOR UPDATE SKIP LOCKED)
-  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at),
+  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, trace_context),
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
 first AS (
@@ -89,7 +89,9 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
             AND o.run_id <> c.run_id
             AND (o.status = 'pending'
                  OR (o.status = 'running' AND o.lease_expires_at < now() + %(shift)s)
-                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s))) END
+                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s))) END,
+       -- the trace the run continues (durableruns.tracing; NULL unless started with the [otel] extra)
+       c.trace_context
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
 
@@ -272,7 +274,7 @@ def _rowcount(sql: str, params: dict[str, Any]) -> int:
     return int(hot.cursor.rowcount)
 
 
-Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str]
+Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any]
 # Every time in these statements is the database's now() moved by `shift` (zero outside tests), and a lease runs
 # `lease` from it: no host's clock decides who owns a run (durableruns.clock).
 Times = dict[str, timedelta]
@@ -335,7 +337,7 @@ def claim(*, owner: str, times: Times, first_steps: str,
         return None
     if hints:
         setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
-    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "", row[11])
 
 
 _NEXT_DUE_ATTRIBUTE = "durableruns_next_due"  # on Django's connection wrapper, which is per thread

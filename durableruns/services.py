@@ -16,7 +16,7 @@ from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QueryS
 from durableruns import conf, holdings, signals, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
-from durableruns.engine import TRACING, RunOutcome, step_timeout
+from durableruns.engine import RunOutcome, step_timeout, tracing_in_use
 from durableruns.errors import (
     EscalationNotFound,
     InvalidDecision,
@@ -62,7 +62,8 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> s
         raise InvalidInput(f"run_id {run_id!r} holds a NUL character or a lone surrogate, which cannot be stored")
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
     plan = workflow.as_plan()
-    trace_context = None if TRACING is None else TRACING.current_context()
+    traces = tracing_in_use()
+    trace_context = None if traces is None else traces.current_context()
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
                      trace_context=trace_context)
     return run_id
@@ -347,11 +348,12 @@ def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, 
         return store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
                                      note=note, result=result, cursor=cursor)
 
-    if TRACING is None:
+    traces = tracing_in_use()
+    if traces is None:
         decision = record()
     else:
         run = escalation.run
-        decision = TRACING.decide(run_id=run.run_id, workflow=run.workflow, step=escalation.step,
+        decision = traces.decide(run_id=run.run_id, workflow=run.workflow, step=escalation.step,
                                   attempt=escalation.attempt, trace_context=run.trace_context,
                                   decision=chosen.value, record=record)
     signals.escalation_was_decided(decision)  # signals: sent now, the decision is committed

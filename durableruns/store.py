@@ -77,6 +77,7 @@ class Claimed:
     attempts: list[StepAttempt] | None = None  # read with the claim where the database allows
     first_intent: Intent | None = None  # the first step's intent, when it rode on the claim's commit
     ending: str = ""  # set while the run gives back what it holds: the status it reaches afterwards
+    trace_context: dict[str, str] | None = None  # the trace the run continues (durableruns.tracing)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -384,20 +385,21 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                             hints=hints)
         if taken is None:
             return None
-        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending = taken
+        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace = taken
         first = None if first_step is None else Intent(step=first_step, attempt=1, effect_key=str(first_key),
                                                       cursor=0)
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint, input=_decoded(payload) or {},
                        attempts=[_attempt(a) for a in _decoded(attempts)], first_intent=first,
-                       ending=ending or "")
+                       ending=ending or "", trace_context=_decoded(trace))
     with transaction.atomic(durable=True):
         if run_id is None:
             candidates = RunState.objects.claimable(clock.expression())
         else:
             candidates = (RunState.objects.filter(pk=run_id).takeable(clock.expression())
                           .select_for_update(skip_locked=True))
-        row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending").first()
+        row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending",
+                                "trace_context").first()
         if row is None:
             return None
         # Conditional on the epoch read: on a database without row locks (SQLite) this is what keeps two
@@ -418,6 +420,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         plan_fingerprint=row["plan_fingerprint"],
         input=row["input"] or {},
         ending=row["ending"] or "",
+        trace_context=row["trace_context"],
     )
 
 

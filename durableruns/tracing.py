@@ -1,8 +1,7 @@
 """OpenTelemetry spans for the passes over runs and the attempts of their steps.
 
-Imported only when the [otel] extra is installed (durableruns.engine.TRACING is this module, or None): a site
-without it imports nothing of OpenTelemetry. Nothing is recorded, and the run's trace context is not even read,
-until the site configures a tracer provider.
+Imported only once the process uses OpenTelemetry (durableruns.engine.tracing_in_use): a site without the [otel]
+extra, or with it and no tracing, imports nothing of it. Nothing is recorded until a tracer provider is configured.
 
 A run continues the trace of the code that started it. `start()` records the trace context current then, as the
 site's propagators write it (W3C traceparent and tracestate by default), in run_state.trace_context; each pass's
@@ -32,7 +31,6 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from durableruns.errors import FencedOut
-from durableruns.models import RunState
 from durableruns.policies import Action, Next, Policy
 
 if TYPE_CHECKING:
@@ -62,11 +60,19 @@ DECIDED = "decided"
 FENCED_OUT = "fenced_out"
 
 
+_kept: tuple[trace.TracerProvider, trace.Tracer] | None = None
+
+
 def _tracer() -> trace.Tracer:
-    # Asked at each use, not kept: the provider a site sets after durableruns is imported is the one used.
+    """durableruns' tracer from the provider configured now (a site may set it after durableruns is imported)."""
+    global _kept
     from durableruns import __version__
 
-    return trace.get_tracer("durableruns", __version__)
+    provider = trace.get_tracer_provider()
+    kept = _kept
+    if kept is None or kept[0] is not provider:
+        kept = _kept = (provider, provider.get_tracer("durableruns", __version__))
+    return kept[1]
 
 
 def enabled() -> bool:
@@ -89,8 +95,7 @@ def run_pass(claimed: Claimed, work: Callable[[Claimed], RunOutcome]) -> RunOutc
     if not enabled():
         return work(claimed)
     lease = claimed.lease
-    recorded = RunState.objects.filter(pk=lease.run_id).values_list("trace_context", flat=True).first()
-    parent = _run_context(recorded)
+    parent = _run_context(claimed.trace_context)  # read with the claim: no query of its own
     attributes: dict[str, str | int] = {RUN_ID: lease.run_id, WORKFLOW: claimed.workflow, EPOCH: lease.epoch}
     with _tracer().start_as_current_span(
         f"run {claimed.workflow}", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
