@@ -44,8 +44,8 @@ def default_owner() -> str:
 
 
 def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> str:
-    """Record a pending run of a registered workflow and return its run_id; a worker executes it. With the [otel]
-    extra, the trace context current now is recorded with it: the run's passes continue that trace."""
+    """Record a pending run of a registered workflow and return its run_id; a worker executes it. In a process that
+    traces (the [otel] extra), the trace context current now is recorded with it: the run's passes continue it."""
     workflow = get_workflow(workflow_name)
     if not isinstance(input, dict):
         raise InvalidInput(f"the input must be a JSON object, not {type(input).__name__}")
@@ -344,6 +344,7 @@ def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, 
     if chosen is Outcome.HAPPENED:
         plan = plan_of(escalation.run)
         cursor = plan.index(escalation.step) + 1 if plan and escalation.step in plan else escalation.run.cursor + 1
+
     def record() -> Intervention:
         return store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
                                      note=note, result=result, cursor=cursor)
