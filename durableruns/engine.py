@@ -10,10 +10,13 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import sys
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -46,6 +49,19 @@ if TYPE_CHECKING:
     from durableruns.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("durableruns")
+
+
+def tracing_in_use() -> ModuleType | None:
+    """durableruns.tracing once the process uses OpenTelemetry, else None, and nothing of it is imported.
+
+    Only a process that imported OpenTelemetry's API can have a span current or a tracer provider configured; one
+    without the [otel] extra never can, and one that has it but does not trace pays nothing, not even the import.
+    """
+    if "opentelemetry.trace" not in sys.modules:
+        return None
+    from durableruns import tracing
+
+    return tracing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +188,8 @@ class Engine:
                 return self.work(claimed)
         self._heartbeat.hold(claimed.lease)
         try:
-            return self._work(claimed)
+            traces = tracing_in_use()
+            return self._work(claimed) if traces is None else traces.run_pass(claimed, self._work)
         finally:
             self._heartbeat.drop(claimed.lease)
 
@@ -275,6 +292,17 @@ class Engine:
         signals.send_on_commit(signals.step_in_doubt, RunStep, run_id=state.run_id, workflow=state.claimed.workflow,
                                step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
                                policy=step.policy.value, cause=cause)
+        traces = tracing_in_use()
+        if traces is None:
+            verdict = self._verdict(state, step, attempt, cause)
+        else:
+            verdict = traces.settle(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name,
+                                     attempt=attempt.attempt, policy=step.policy,
+                                     decide=lambda: self._verdict(state, step, attempt, cause))
+        return self._apply(state, step, index, attempt, verdict)
+
+    def _verdict(self, state: _Pass, step: Step, attempt: StepAttempt, cause: str) -> Next:
+        """What the step's policy makes of an in-doubt attempt: asks its lookup, or reads staff's decision."""
         outcome, escalation_open = self._escalation_state(state.run_id, step, attempt)
         verdict = settle_in_doubt(step.policy, attempt=attempt, escalation_open=escalation_open,
                                   staff_outcome=outcome)
@@ -285,7 +313,7 @@ class Engine:
         if step.policy is not Policy.ESCALATE:  # a person settles each escalation: no budget to count there
             verdict = cap_crashes(verdict, step=step.name, crashes=state.tally(step.name)[1],
                                   max_crashes=conf.max_crashes())
-        return self._apply(state, step, index, attempt, verdict)
+        return verdict
 
     def _apply(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, verdict: Next
                ) -> tuple[Intent | None, bool]:
@@ -372,15 +400,16 @@ class Engine:
             progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
         )
         ensure_autocommit()
-        result = step.fn(ctx)
-        return result, store.to_json(result, what=f"the result of {step.name}")
+        with _traced_call(state, step, intent.attempt):
+            result = step.fn(ctx)
+            return result, store.to_json(result, what=f"the result of {step.name}")
 
     def _after_error(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
                      exc: Exception) -> tuple[Intent, bool] | None:
         """Classify a step's exception: a rejection (or a re-executable step) failed; anything else is in doubt."""
         error = _describe(exc)
         log.info("run %s: %s attempt %s raised %s", state.run_id, step.name, intent.attempt, error)
-        if step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE:
+        if _fails(step, exc):
             now = self.clock.now()
             store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, clock=self.clock,
                                  intent_recorded=recorded, effect_key=intent.effect_key)
@@ -534,6 +563,21 @@ def _done_elsewhere(name: str, policy: str) -> Step:
         raise UnknownWorkflow(f"step {name} is not in this deploy", step=name)
 
     return Step(name=name, fn=absent, policy=Policy(policy))
+
+
+def _fails(step: Step, exc: Exception) -> bool:
+    """Whether what the step raised is an observed failure: a declared rejection, or any error of a step that may
+    run again. Anything else leaves the attempt in doubt."""
+    return step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE
+
+
+def _traced_call(state: _Pass, step: Step, attempt: int) -> AbstractContextManager[None]:
+    """The attempt's span around its call (durableruns.tracing), or nothing without the [otel] extra."""
+    traces = tracing_in_use()
+    if traces is None:
+        return nullcontext()
+    return traces.call(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name, attempt=attempt,
+                        policy=step.policy, fails=lambda exc: _fails(step, exc))
 
 
 def step_timeout(step: Step) -> timedelta:

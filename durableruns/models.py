@@ -56,6 +56,11 @@ class RunState(models.Model):
                   "its releases are done (cancelled or failed; needs_decision for a run stopped for a step its "
                   "deploy lacks). Empty otherwise.")
     input = models.JSONField(default=dict)
+    trace_context = models.JSONField(
+        null=True, blank=True,
+        help_text="The trace context current when the run was started (OpenTelemetry's propagators' fields: "
+                  "traceparent, tracestate), so each pass over the run continues that trace. Recorded only with "
+                  "the [otel] extra installed and a span active; NULL otherwise.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     alerted_at = models.DateTimeField(

@@ -55,7 +55,7 @@ WITH claimed AS (
           ORDER BY created_at
           LIMIT 1
             FOR UPDATE SKIP LOCKED)
-  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at),
+  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, trace_context),
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
 first AS (
@@ -90,7 +90,9 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
             AND o.run_id <> c.run_id
             AND (o.status = 'pending'
                  OR (o.status = 'running' AND o.lease_expires_at < now() + %(shift)s)
-                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s))) END
+                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s))) END,
+       -- the trace the run continues (durableruns.tracing; NULL unless started with the [otel] extra)
+       c.trace_context
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
 
@@ -111,9 +113,9 @@ WAKE = f"SELECT pg_notify('{WAKE_CHANNEL}', '')"
 _CREATE_RUN = """
 WITH created AS (
   INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, lease_expires_at,
-                         wake_at, reason, input, created_at, updated_at)
-  VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb, now(),
-          now())
+                         wake_at, reason, input, trace_context, created_at, updated_at)
+  VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb,
+          %(trace)s::jsonb, now(), now())
   RETURNING run_id)
 SELECT pg_notify('""" + WAKE_CHANNEL + """', '') FROM created
 """
@@ -280,7 +282,7 @@ def _rowcount(sql: str, params: dict[str, Any]) -> int:
     return int(hot.cursor.rowcount)
 
 
-Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str]
+Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any]
 # Every time in these statements is the database's now() moved by `shift` (zero outside tests), and a lease runs
 # `lease` from it: no host's clock decides who owns a run (durableruns.clock).
 Times = dict[str, timedelta]
@@ -347,7 +349,7 @@ def claim(*, owner: str, times: Times, first_steps: str,
         return None
     if hints:
         setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
-    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "")
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "", row[11])
 
 
 _NEXT_DUE_ATTRIBUTE = "durableruns_next_due"  # on Django's connection wrapper, which is per thread
@@ -386,10 +388,12 @@ def wake_workers() -> None:
         cursor.execute(WAKE)
 
 
-def create_run(*, run: str, workflow: str, fingerprint: str, input: str) -> None:
-    """Record a pending run (`input` as JSON text) created at the database's now: the row RunState.objects.create
-    writes, without building it through the ORM. A duplicate run_id raises Django's IntegrityError."""
-    _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input})
+def create_run(*, run: str, workflow: str, fingerprint: str, input: str, trace: str | None = None) -> None:
+    """Record a pending run (`input`, and `trace`, its trace context or None, as JSON text) created at the
+    database's now: the row RunState.objects.create writes, without building it through the ORM. A duplicate run_id
+    raises Django's IntegrityError."""
+    _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input,
+                            "trace": trace})
 
 
 def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int, **intent: Any) -> bool:

@@ -16,7 +16,7 @@ from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QueryS
 from durableruns import conf, holdings, signals, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
-from durableruns.engine import RunOutcome, step_timeout
+from durableruns.engine import RunOutcome, step_timeout, tracing_in_use
 from durableruns.errors import (
     EscalationNotFound,
     InvalidDecision,
@@ -44,7 +44,8 @@ def default_owner() -> str:
 
 
 def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> str:
-    """Record a pending run of a registered workflow and return its run_id; a worker executes it."""
+    """Record a pending run of a registered workflow and return its run_id; a worker executes it. In a process that
+    traces (the [otel] extra), the trace context current now is recorded with it: the run's passes continue it."""
     workflow = get_workflow(workflow_name)
     if not isinstance(input, dict):
         raise InvalidInput(f"the input must be a JSON object, not {type(input).__name__}")
@@ -61,7 +62,10 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> s
         raise InvalidInput(f"run_id {run_id!r} holds a NUL character or a lone surrogate, which cannot be stored")
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
     plan = workflow.as_plan()
-    store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan)
+    traces = tracing_in_use()
+    trace_context = None if traces is None else traces.current_context()
+    store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
+                     trace_context=trace_context)
     return run_id
 
 
@@ -340,8 +344,19 @@ def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, 
     if chosen is Outcome.HAPPENED:
         plan = plan_of(escalation.run)
         cursor = plan.index(escalation.step) + 1 if plan and escalation.step in plan else escalation.run.cursor + 1
-    decision = store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
+
+    def record() -> Intervention:
+        return store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
                                      note=note, result=result, cursor=cursor)
+
+    traces = tracing_in_use()
+    if traces is None:
+        decision = record()
+    else:
+        run = escalation.run
+        decision = traces.decide(run_id=run.run_id, workflow=run.workflow, step=escalation.step,
+                                  attempt=escalation.attempt, trace_context=run.trace_context,
+                                  decision=chosen.value, record=record)
     signals.escalation_was_decided(decision)  # signals: sent now, the decision is committed
     if chosen is Outcome.ABANDON:
         signals.run_finished(decision.run_id, RunStatus.CANCELLED, reason=f"abandoned by {decided_by}: {note}",

@@ -77,6 +77,7 @@ class Claimed:
     attempts: list[StepAttempt] | None = None  # read with the claim where the database allows
     first_intent: Intent | None = None  # the first step's intent, when it rode on the claim's commit
     ending: str = ""  # set while the run gives back what it holds: the status it reaches afterwards
+    trace_context: dict[str, str] | None = None  # the trace the run continues (durableruns.tracing)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,16 +285,19 @@ def plan_of(workflow: str, fingerprint: str) -> Plan | None:
 
 
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any],
-               clock: Clock = DATABASE, plan: Plan | None = None) -> None:
+               clock: Clock = DATABASE, plan: Plan | None = None, trace_context: dict[str, str] | None = None
+               ) -> None:
     """Record a pending run, created at the database's now; a worker picks it up. `plan`, the run's plan, is
-    recorded with it the first time this process starts a run of that fingerprint.
+    recorded with it the first time this process starts a run of that fingerprint. `trace_context`: the trace the
+    run's passes continue (durableruns.tracing), if one was current.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
     caller's own records do.
     """
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
-              "status": RunStatus.PENDING, "created_at": clock.expression(), "updated_at": clock.expression()}
+              "status": RunStatus.PENDING, "created_at": clock.expression(), "updated_at": clock.expression(),
+              "trace_context": trace_context}
     try:
         if connection.in_atomic_block:
             with transaction.atomic():
@@ -306,7 +310,8 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
                 record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
             if _fast():
                 pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
-                                 input=to_json(input, what="the input"))
+                                 input=to_json(input, what="the input"),
+                                 trace=None if trace_context is None else to_json(trace_context, what="the trace"))
             else:
                 RunState.objects.create(**fields)
     except IntegrityError:
@@ -394,13 +399,13 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                                 before_commit=before_first_intent, hints=hints, skip=skip)
         if taken is None:
             return None
-        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending = taken
+        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace = taken
         first = None if first_step is None else Intent(step=first_step, attempt=1, effect_key=str(first_key),
                                                       cursor=0)
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint, input=_decoded(payload) or {},
                        attempts=[_attempt(a) for a in _decoded(attempts)], first_intent=first,
-                       ending=ending or "")
+                       ending=ending or "", trace_context=_decoded(trace))
     with transaction.atomic(durable=True):
         if run_id is None:
             candidates = RunState.objects.claimable(clock.expression())
@@ -409,7 +414,8 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         else:
             candidates = (RunState.objects.filter(pk=run_id).takeable(clock.expression())
                           .select_for_update(skip_locked=True))
-        row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending").first()
+        row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending",
+                                "trace_context").first()
         if row is None:
             return None
         # Conditional on the epoch read: on a database without row locks (SQLite) this is what keeps two
@@ -430,6 +436,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         plan_fingerprint=row["plan_fingerprint"],
         input=row["input"] or {},
         ending=row["ending"] or "",
+        trace_context=row["trace_context"],
     )
 
 
