@@ -345,3 +345,19 @@ def quote_lines(ctx: Any) -> dict[str, Any]:
     if spec.get("raise_after") and ctx.attempt == 1:
         raise Rejected("the step raised after its map returned")
     return {"lines": lines}
+
+
+ticked = Workflow("ticked")
+
+
+@ticked.step(policy="re_executable")
+def tick(ctx: Any) -> dict[str, Any]:
+    """A scheduled run's one step: appends its run_id to TIMETABLE_LEDGER (when set), one line a call."""
+    ledger = os.environ.get("TIMETABLE_LEDGER")
+    if ledger:
+        fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{ctx.run_id}\n".encode())
+        finally:
+            os.close(fd)
+    return {"run": ctx.run_id, **ctx.input}
