@@ -123,14 +123,15 @@ class StepContext:
 
         def work() -> None:
             try:
-                while not stop.is_set():
+                while True:
                     with take:
-                        index = next(pending, None)
+                        index = None if stop.is_set() else next(pending, None)
                     if index is None:
                         return
                     try:
                         out.put((index, True, fn(items[index])))
                     except BaseException as exc:  # carried to the step's thread and raised there, as it was
+                        stop.set()  # at once: no thread takes a new item once one has raised
                         out.put((index, False, exc))
             finally:
                 connections.close_all()  # this thread's own connections, if `fn` opened any
