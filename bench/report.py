@@ -100,6 +100,16 @@ def targets(figures: dict[str, Any]) -> list[Target]:
                                        f"start() returned: {listening[f'{q}_ms']:.1f} ms; polling only: "
                                        f"{pickup['polling']['since_created'][q]:,.0f} ms), "
                                        f"{int(listening['latency_ms']['n'])} runs"))
+    fanout = figures.get("map")
+    if fanout:
+        p = fanout["params"]
+        found.append(Target(name=f"ctx.map: {p['items']} items x {p['item_sleep_ms']:g} ms on {p['concurrency']} "
+                                 f"threads <= 1.3 x the ideal {p['items']}/{p['concurrency']} x "
+                                 f"{p['item_sleep_ms']:g} ms",
+                            measured=fanout["map_over_ideal"]["ratio"], limit=1.3, at_most=True,
+                            detail=f"{fanout['map_s']['median']:.3f} s against {fanout['ideal_s']:.3f} s: "
+                                   + _ratio_text(fanout["map_over_ideal"])
+                                   + f"; the serial ctx.loop {fanout['loop_s']['median']:.2f} s"))
     return found
 
 
@@ -343,6 +353,20 @@ def _pickup_md(pk: dict[str, Any]) -> list[str]:
     ]
 
 
+def _map_md(m: dict[str, Any]) -> list[str]:
+    p = m["params"]
+    rows = [["ctx.map(concurrency={}, every={})".format(p["concurrency"], p["every"]), _ms(m["map_s"]),
+             _ratio_text(m["map_over_ideal"]), "1"],
+            ["ctx.loop(every={})".format(p["every"]), _ms(m["loop_s"]), f"{m['loop_s']['median'] / m['ideal_s']:.2f}",
+             f"{1 / m['map_over_loop']['ratio']:.1f}"]]
+    return table(["the step prices its lines with", "pass s", "over the ideal", "x map's time"], rows) + [
+        "",
+        f"{p['items']} lines at {p['item_sleep_ms']:g} ms each; ideal {m['ideal_s']:.3f} s ({p['ideal']}); "
+        f"{p['rounds']} round(s) alternating. The map call alone (inside the step): {_ms(m['map_call_s'])} s.",
+        f"- timing: {p['path']}.",
+    ]
+
+
 SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("engine: Per-step cost: the floor, durableruns and DBOS (figures 1-3)", _engine_md),
     ("throughput: Resume throughput (figure 4)", _throughput_md),
@@ -353,6 +377,7 @@ SECTIONS: list[tuple[str, Callable[[dict[str, Any]], list[str]]]] = [
     ("io_bound: I/O-bound throughput against DBOS (figure 9)", _io_md),
     ("scaling: Concurrency inside one worker process (figure 10)", _scaling_md),
     ("pickup: Pickup latency of an idle --loop worker (figure 11)", _pickup_md),
+    ("map: ctx.map against the ideal and the serial ctx.loop", _map_md),
 ]
 
 

@@ -1,7 +1,7 @@
 """Run the benchmark suite on a local PostgreSQL and write results.json, results.md and PNG charts.
 
     python -m bench.run [--size tiny|full] [--repeat N] [--process-repeat N] [--out bench/results]
-                        [--only engine,throughput,claim_cost,loop_tradeoff,boundary,recovery,io_bound,scaling,pickup]
+                        [--only engine,throughput,claim_cost,loop_tradeoff,boundary,recovery,io_bound,scaling,pickup,map]
                         [--db-prefix PREFIX] [--profile] [--note TEXT]
 
 `--size tiny` checks that everything runs (well under a minute); `--size full` takes the published figures:
@@ -30,7 +30,7 @@ from bench import app, report
 from bench.pg import Databases, server_settings
 
 FIGURES = ("engine", "throughput", "claim_cost", "loop_tradeoff", "boundary", "recovery", "io_bound", "scaling",
-           "pickup")
+           "pickup", "map")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -60,6 +60,9 @@ class Size:
     io_concurrency: int
     scaling_levels: tuple[tuple[int, int], ...]  # (--concurrency, runs) for one process
     pickup_runs: int  # runs started one at a time per round, listening and polling
+    map_items: int  # ctx.map against ctx.loop: lines per step
+    map_item_seconds: float
+    map_concurrency: int
 
 
 SIZES = {
@@ -67,12 +70,14 @@ SIZES = {
                  throughput_runs=200, claim_levels=(0, 1_000, 10_000), claims=50, loop_items=120,
                  loop_item_seconds=0.0005, batch_sizes=(1, 5, 10, 25, 50, 100), boundary_attempts=(1, 10, 100),
                  boundary_calls=5, recovery_runs=20, io_runs=20, io_repeat=1, io_workers=2, io_concurrency=8,
-                 scaling_levels=((1, 4), (4, 16)), pickup_runs=8),
+                 scaling_levels=((1, 4), (4, 16)), pickup_runs=8, map_items=240,
+                 map_item_seconds=0.005, map_concurrency=16),
     "full": Size(name="full", repeat=10, loop_repeat=5, process_repeat=3, floor_commits=200, engine_runs=20, dbos_workflows=20,
                  throughput_runs=10_000, claim_levels=(0, 100_000, 1_000_000), claims=300, loop_items=240,
                  loop_item_seconds=0.005, batch_sizes=(1, 5, 10, 25, 50, 100), boundary_attempts=(1, 10, 100),
                  boundary_calls=50, recovery_runs=1_000, io_runs=200, io_repeat=5, io_workers=2, io_concurrency=32,
-                 scaling_levels=((1, 30), (8, 160), (32, 480), (128, 960)), pickup_runs=100),
+                 scaling_levels=((1, 30), (8, 160), (32, 480), (128, 960)), pickup_runs=100,
+                 map_items=240, map_item_seconds=0.05, map_concurrency=16),
 }
 
 
@@ -139,8 +144,8 @@ def run(size: Size, *, out: Path, only: tuple[str, ...], dbs: Databases, profile
     }
     app.configure(dbs.app)
     # The figure modules use durableruns' models, so they are imported once Django is set up.
-    from bench import (boundary_cost, claim_cost, engine_cost, io_bound, loop_tradeoff, pickup, recovery, scaling,
-                       throughput)
+    from bench import (boundary_cost, claim_cost, engine_cost, io_bound, loop_tradeoff, map_fanout, pickup, recovery,
+                       scaling, throughput)
 
     steps = {
         "engine": lambda: engine_cost.measure(dbs=dbs, repeat=size.repeat, runs=size.engine_runs,
@@ -156,6 +161,8 @@ def run(size: Size, *, out: Path, only: tuple[str, ...], dbs: Databases, profile
                                              concurrency=size.io_concurrency, repeat=size.io_repeat),
         "scaling": lambda: scaling.measure(dbs=dbs, levels=size.scaling_levels, repeat=size.process_repeat),
         "pickup": lambda: pickup.measure(dbs=dbs, runs=size.pickup_runs, repeat=size.process_repeat),
+        "map": lambda: map_fanout.measure(items=size.map_items, item_seconds=size.map_item_seconds,
+                                          concurrency=size.map_concurrency, repeat=size.loop_repeat),
     }
     figures: dict[str, Any] = {}
     seconds: dict[str, float] = {}

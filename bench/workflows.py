@@ -95,3 +95,25 @@ def price_lines(ctx: Any) -> dict[str, Any]:
     sample.step_seconds = time.perf_counter() - began
     loop_samples.append(sample)
     return {"lines": len(sample.items)}
+
+
+# Filled by `quote_lines_at_once` when it runs in the runner's own process; the map benchmark reads and clears it.
+map_samples: list[float] = []
+
+fanout = Workflow("bench_map")
+
+
+@fanout.step(policy="re_executable")
+def quote_lines_at_once(ctx: Any) -> dict[str, Any]:
+    """Price `items` lines at `item_seconds` each (a real sleep) with ctx.map on `concurrency` threads; the
+    step records the map's own wall time."""
+    count, cost = int(ctx.input["items"]), float(ctx.input["item_seconds"])
+
+    def price(line: int) -> int:
+        time.sleep(cost)
+        return line
+
+    began = time.perf_counter()
+    lines = ctx.map(price, range(count), concurrency=int(ctx.input["concurrency"]), every=int(ctx.input["every"]))
+    map_samples.append(time.perf_counter() - began)
+    return {"lines": len(lines)}

@@ -13,10 +13,13 @@ from durableruns.errors import Rejected
 from durableruns.registry import Workflow
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from durableruns.boundary import Boundary
     from durableruns.models import Intervention
+    from durableruns.schedules import Schedule
 
-__all__ = ["Workflow", "Rejected", "start", "boundary", "decide", "adopt_plan", "errors"]
+__all__ = ["Workflow", "Rejected", "start", "boundary", "decide", "adopt_plan", "schedule", "errors"]
 
 __version__ = "0.2.0"
 
@@ -48,3 +51,20 @@ def adopt_plan(run_id: str, *, by: Any, note: str) -> Intervention:
     from durableruns import services
 
     return services.adopt_plan(run_id, by=by, note=note)
+
+
+def schedule(
+    name: str,
+    workflow: Any,
+    cron: str,
+    *,
+    input: Mapping[str, Any] | None = None,
+    timezone: str = "UTC",
+    catch_up: str = "latest",
+) -> Schedule:
+    """Declare, in a workflows.py, one run of `workflow` per slot of `cron` in `timezone`, with run_id
+    "<name>@<slot in ISO 8601, UTC>"; resume_runs starts each slot's run once, whatever the number of workers.
+    After downtime, catch_up="latest" starts the latest missed slot only, "all" every one (capped)."""
+    from durableruns import schedules
+
+    return schedules.schedule(name, workflow, cron, input=input, timezone=timezone, catch_up=catch_up)

@@ -28,15 +28,25 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
-from durableruns import services
+from durableruns import schedules, services
 from durableruns.boundary import Boundary, StepAttempt, Zone
 from durableruns.errors import AlreadyDecided, DurableRunsError
 from durableruns.holdings import HoldState, lapse_phrase
-from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunStatus, RunStep, StepStatus
+from durableruns.models import (
+    Escalation,
+    Intervention,
+    RunPlan,
+    RunState,
+    RunStatus,
+    RunStep,
+    ScheduleState,
+    StepStatus,
+)
 from durableruns.policies import Outcome
 from durableruns.querysets import EscalationQuerySet, RunStateQuerySet
 
@@ -743,3 +753,58 @@ class EscalationAdmin(ReadOnlyRecord):
             "labels": [(o.value, label) for o, label in DECISION_LABELS.items()],
             "has_view_permission": True,
         }
+
+
+# -- schedules ---------------------------------------------------------------------------------------------
+
+
+@admin.register(ScheduleState)
+class ScheduleAdmin(ReadOnlyRecord):
+    """Schedules as the record knows them (a worker records one the first time it sees it), each with its
+    declaration in this deploy, the last slot started and the next one; read-only."""
+
+    list_display = ("name", "workflow", "cron", "time_zone", "catch_up", "last_slot_started", "next_slot")
+    search_fields = ("name",)
+    fields = ("name", "workflow", "cron", "time_zone", "catch_up", "last_slot_started", "next_slot", "runs",
+              "created_at")
+
+    @staticmethod
+    def _declared(obj: ScheduleState) -> schedules.Schedule | None:
+        return schedules.get_schedule(obj.name)
+
+    @admin.display(description="workflow")
+    def workflow(self, obj: ScheduleState) -> str:
+        declared = self._declared(obj)
+        return declared.workflow if declared else "not declared in this deploy"
+
+    @admin.display(description="cron")
+    def cron(self, obj: ScheduleState) -> str:
+        declared = self._declared(obj)
+        return declared.cron if declared else "-"
+
+    @admin.display(description="time zone")
+    def time_zone(self, obj: ScheduleState) -> str:
+        declared = self._declared(obj)
+        return declared.timezone if declared else "-"
+
+    @admin.display(description="catch up")
+    def catch_up(self, obj: ScheduleState) -> str:
+        declared = self._declared(obj)
+        return declared.catch_up if declared else "-"
+
+    @admin.display(description="last slot started", ordering="last_slot")
+    def last_slot_started(self, obj: ScheduleState) -> str:
+        return schedules.slot_text(schedules.aware(obj.last_slot)) if obj.last_slot else "none yet"
+
+    @admin.display(description="next slot")
+    def next_slot(self, obj: ScheduleState) -> str:
+        """The first slot after the last one started (or after a worker first saw it): due once it has come."""
+        declared = self._declared(obj)
+        if declared is None:
+            return "-"
+        return schedules.slot_text(declared.next_slot(schedules.aware(obj.last_slot or obj.created_at)))
+
+    @admin.display(description="runs")
+    def runs(self, obj: ScheduleState) -> SafeString:
+        url = reverse("admin:durableruns_runstate_changelist") + "?" + urlencode({"q": f"{obj.name}@"})
+        return format_html('<a href="{}">runs of {}</a>', url, obj.name)

@@ -71,6 +71,18 @@ def _names_too_long() -> list[checks.CheckMessage]:
 
 
 @checks.register(TAG)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every declared schedule names a workflow this deploy declares: otherwise its slots would never start."""
+    from durableruns import schedules  # it reads the record's models, loaded by the time checks run
+
+    known = workflows()
+    return [checks.Error(f"schedule {s.name!r} names workflow {s.workflow!r}, which is not declared",
+                         hint="Declare the workflow in a workflows.py, or correct the schedule's workflow.",
+                         id="durableruns.E023")
+            for s in schedules.schedules() if s.workflow not in known]
+
+
+@checks.register(TAG)
 def check_time_zone_support(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """USE_TZ = False is refused: durableruns compares instants, and naive local times are not instants.
 

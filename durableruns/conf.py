@@ -63,6 +63,12 @@ def missing_step_retry() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_MISSING_STEP_RETRY_SECONDS", 60.0)))
 
 
+def schedule_catch_up_max() -> int:
+    """The most missed slots a catch_up="all" schedule starts after downtime (the latest ones);
+    DURABLERUNS_SCHEDULE_CATCH_UP_MAX, 100 by default."""
+    return max(1, int(getattr(settings, "DURABLERUNS_SCHEDULE_CATCH_UP_MAX", 100)))
+
+
 def concurrency() -> int:
     """Runs one resume_runs process works at once (threads, each with its own connection) when --concurrency is
     not given; DURABLERUNS_CONCURRENCY, 4 by default. SQLite always gets 1: it has one writer at a time."""

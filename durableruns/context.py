@@ -1,20 +1,33 @@
-"""What a step sees: its run's input and earlier results, its effect key, and a loop that checkpoints itself.
+"""What a step sees: its run's input and earlier results, its effect key, a loop that checkpoints itself, and a
+map that runs items on threads and checkpoints the results of those that finished.
 
 The loop cursor and `progress` are committed together every `every` items, so a new attempt of the step
-continues from the last checkpoint and redoes at most `every` items.
+continues from the last checkpoint and redoes at most `every` items. `map` keeps the results it has collected
+under MAP_KEY in the same `progress` (hidden from the step's own `ctx.progress`), so a new attempt calls its
+function only for the items no checkpoint holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import json
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from django.db import connections
+
 from durableruns import testing
-from durableruns.errors import DeclarationError
+from durableruns.errors import DeclarationError, ResultNotJSON
+from durableruns.store import to_json
 
 T = TypeVar("T")
+R = TypeVar("R")
 Checkpoint = Callable[[int, dict[str, Any]], None]
+
+# Where map results live inside the attempt's progress: {"<nth map of the step>": {"<item index>": result}}.
+MAP_KEY = "durableruns.map"
 
 
 class StepContext:
@@ -42,7 +55,12 @@ class StepContext:
         self.attempt = attempt
         self.timeout = timeout
         self.progress: dict[str, Any] = progress if progress is not None else {}
+        # The maps' collected results are the record's, not the step's: kept apart, committed with progress.
+        self._maps: dict[str, dict[str, Any]] = self.progress.pop(MAP_KEY, None) or {}
+        self._map_calls = 0
+        self._unsaved = 0  # map results collected since the last checkpoint
         self.loop_start = loop_start
+        self._loop_cursor = loop_start  # the loop position as last committed
         self._checkpoint = checkpoint
         self._looped = False
 
@@ -61,5 +79,114 @@ class StepContext:
             # Control returns here only once the caller has finished item `index`.
             done = index + 1
             testing.reached(f"loop:{done}", self.step)
-            if done % every == 0 and done < len(items) and self._checkpoint is not None:
-                self._checkpoint(done, self.progress)
+            if done % every == 0 and done < len(items):
+                self._save(done)
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T], *, concurrency: int = 8, every: int = 25) -> list[Any]:
+        """Call `fn(item)` for each item on up to `concurrency` threads; return the results in item order.
+
+        Results are committed every `every` finished items (and when an item raises, or the step does), so a
+        new attempt calls `fn` only for the items no checkpoint holds. After the first exception no new item
+        starts; it is raised once the items in flight have finished (and their results are committed).
+
+        Only this thread writes the record: the threads get no database connection of the run's (one they
+        open is their own, closed when they end). Results must be JSON; a new attempt sees them as JSON gives
+        them back, and so does this one (a tuple comes back as a list), so a resumed step sees no difference.
+        """
+        if concurrency < 1:
+            raise DeclarationError("map(concurrency=...) must be at least 1")
+        if every < 1:
+            raise DeclarationError("map(every=...) must be at least 1")
+        items = list(items)
+        # The nth map of the step: a new attempt of the same code makes the same calls in the same order.
+        done = self._maps.setdefault(str(self._map_calls), {})
+        self._map_calls += 1
+        todo = [i for i in range(len(items)) if str(i) not in done]
+        if todo:
+            self._run_items(fn, items, todo, done, concurrency=concurrency, every=every)
+        return [done[str(i)] for i in range(len(items))]
+
+    def _run_items(
+        self,
+        fn: Callable[[T], R],
+        items: list[T],
+        todo: list[int],
+        done: dict[str, Any],
+        *,
+        concurrency: int,
+        every: int,
+    ) -> None:
+        pending = iter(todo)
+        take = threading.Lock()
+        stop = threading.Event()
+        out: queue.SimpleQueue[tuple[int, bool, Any] | None] = queue.SimpleQueue()
+
+        def work() -> None:
+            try:
+                while True:
+                    with take:
+                        index = None if stop.is_set() else next(pending, None)
+                    if index is None:
+                        return
+                    try:
+                        out.put((index, True, fn(items[index])))
+                    except BaseException as exc:  # carried to the step's thread and raised there, as it was
+                        stop.set()  # at once: no thread takes a new item once one has raised
+                        out.put((index, False, exc))
+            finally:
+                connections.close_all()  # this thread's own connections, if `fn` opened any
+                out.put(None)
+
+        threads = [
+            threading.Thread(target=work, name=f"{self.run_id}/{self.step}:map-{n}", daemon=True)
+            for n in range(min(concurrency, len(todo)))
+        ]
+        for thread in threads:
+            thread.start()
+        first: BaseException | None = None
+        try:
+            alive = len(threads)
+            while alive:
+                message = out.get()
+                if message is None:
+                    alive -= 1
+                    continue
+                index, ok, value = message
+                if ok:
+                    try:  # checked here, on the step's thread: a result that cannot be stored is the item's error
+                        value = json.loads(to_json(value, what=f"the result of item {index} of {self.step}'s map"))
+                    except ResultNotJSON as exc:
+                        ok, value = False, exc
+                if not ok:
+                    if first is None:
+                        first = value
+                        stop.set()  # no new item starts; those in flight finish and are kept
+                    continue
+                done[str(index)] = value
+                self._unsaved += 1
+                testing.reached(f"map:{len(done)}", self.step)
+                if self._unsaved >= every and first is None and len(done) < len(items):
+                    self._save(self._loop_cursor)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        if first is not None:
+            self.flush()
+            raise first
+
+    def flush(self) -> None:
+        """Commit the map results collected since the last checkpoint (the engine calls it when a step raises)."""
+        if self._unsaved:
+            self._save(self._loop_cursor)
+
+    def _save(self, loop_cursor: int) -> None:
+        """Commit the loop position, the step's progress and the maps' results, as one checkpoint."""
+        self._loop_cursor = loop_cursor
+        if self._checkpoint is None:
+            return
+        progress = dict(self.progress)
+        if self._maps:
+            progress[MAP_KEY] = self._maps
+        self._checkpoint(loop_cursor, progress)
+        self._unsaved = 0

@@ -320,7 +320,7 @@ class Engine:
         lease = state.lease
         action = verdict.action
         if action is Action.RUN:
-            restored = attempt if attempt.loop_cursor else None
+            restored = attempt if attempt.loop_cursor or attempt.progress else None
             return self._fresh_intent(state, step, index, attempt=attempt.attempt + 1, restored=restored), False
         if action is Action.COMPLETE:
             resolution = Resolution.LOOKUP if step.policy is Policy.RESOLVABLE else Resolution.DECISION
@@ -401,7 +401,13 @@ class Engine:
         )
         ensure_autocommit()
         with _traced_call(state, step, intent.attempt):
-            result = step.fn(ctx)
+            try:
+                result = step.fn(ctx)
+            except (FencedOut, EffectInTransaction):
+                raise
+            except Exception:
+                ctx.flush()  # what its maps finished is kept: a new attempt calls their functions only for the rest
+                raise
             return result, store.to_json(result, what=f"the result of {step.name}")
 
     def _after_error(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
@@ -421,7 +427,7 @@ class Engine:
                 restored = StepAttempt(step=step.name, attempt=intent.attempt, status="failed",
                                        loop_cursor=state.loop_cursor, progress=state.progress)
                 return self._fresh_intent(state, step, index, attempt=intent.attempt + 1,
-                                          restored=restored if state.loop_cursor else None), False
+                                          restored=restored if state.loop_cursor or state.progress else None), False
             if verdict.action is not Action.WAIT:
                 raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
             raise _Stop(self._release(state.lease, RunStatus.WAITING, f"{step.name}: {error}; {verdict.reason}",

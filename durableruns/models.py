@@ -291,3 +291,22 @@ class WorkerPresence(models.Model):
     @property
     def listening(self) -> bool:
         return self.pickup.startswith("listening")
+
+
+class ScheduleState(models.Model):
+    """A declared schedule (durableruns.schedules) as the record knows it: when a worker first saw it, and the
+    latest slot whose run was started, recorded in the commit that started it. Slots before `created_at` are
+    never started; each later slot's run has the run_id `<name>@<slot>`, which the primary key allows once."""
+
+    name = models.CharField(max_length=150, primary_key=True)
+    last_slot = models.DateTimeField(null=True, blank=True, help_text="The latest slot whose run was started.")
+    created_at = models.DateTimeField(help_text="When a worker first saw the schedule: its slots count from then.")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "run_schedule"
+        verbose_name = "schedule"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 
-from durableruns import conf, holdings, signals, store
+from durableruns import conf, holdings, schedules, signals, store
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
 from durableruns.engine import RunOutcome, step_timeout, tracing_in_use
@@ -35,6 +35,7 @@ from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
 from durableruns.worker.presence import Presence
+from durableruns.worker.timetable import Timetable
 from durableruns.worker.watchdog import Watchdog
 
 
@@ -225,9 +226,14 @@ def resume_due(
             listener.listening.wait(2.0)
             pickup = f"{listener.state}, polling every {idle_seconds:g}s as a fallback"
         on_start(f"{concurrency} thread(s); {pickup}")
-    watchdog = presence = None
+    watchdog = presence = timetable = None
     owner = owner or default_owner()
     try:
+        if run_id is None and schedules.schedules():  # the slots that have come start first, then get worked
+            if waker is None:
+                schedules.start_due(clock=clock)
+            else:  # a --loop worker also wakes for each slot to come
+                timetable = Timetable(waker, clock).start()
         with Heartbeat(clock) as heartbeat:
             if report_presence:  # a worker process (resume_runs), not a pass called in-process
                 presence = Presence(owner, threads=concurrency, clock=clock, in_hand=lambda: len(heartbeat.held()),
@@ -254,6 +260,8 @@ def resume_due(
         if listener is not None:
             report.pickup = listener.state
             listener.stop()
+        if timetable is not None:
+            timetable.stop()
     return report
 
 

@@ -303,3 +303,61 @@ def pay(ctx: Any) -> Any:
 def confirm(ctx: Any) -> Any:
     """Nobody can look this up; decide by hand."""
     return _script(ctx)
+
+
+mapping = Workflow("mapping")
+
+
+def _price(ctx: Any) -> Any:
+    """The function `quote_lines` maps: one line a call, each call appended to the ledger named by the input
+    (`<run_id> <attempt> <item>`) as it starts; it takes `item_seconds`; an item listed in `fail` raises on the
+    first attempt."""
+    spec = ctx.input
+
+    def price(item: int) -> dict[str, Any]:
+        fd = os.open(spec["ledger"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{ctx.run_id} {ctx.attempt} {item}\n".encode())
+        finally:
+            os.close(fd)
+        time.sleep(spec.get("item_seconds", 0))
+        if spec.get("touch_db"):  # a connection of this thread's own, which ctx.map closes when the thread ends
+            from django.db import connection
+
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT 1")
+                backend = cursor.fetchone()[0]
+        if item in spec.get("fail", ()) and ctx.attempt == 1:
+            raise Rejected(f"line {item} has no price")
+        priced = {"item": item, "price": item * 3}
+        if spec.get("touch_db"):
+            priced["backend"] = backend
+        return priced
+
+    return price
+
+
+@mapping.step(policy="re_executable", max_attempts=3)
+def quote_lines(ctx: Any) -> dict[str, Any]:
+    spec = ctx.input
+    lines = ctx.map(_price(ctx), range(spec["lines"]), concurrency=spec.get("concurrency", 8),
+                    every=spec.get("every", 25))
+    if spec.get("raise_after") and ctx.attempt == 1:
+        raise Rejected("the step raised after its map returned")
+    return {"lines": lines}
+
+
+ticked = Workflow("ticked")
+
+
+@ticked.step(policy="re_executable")
+def tick(ctx: Any) -> dict[str, Any]:
+    """A scheduled run's one step: appends its run_id to TIMETABLE_LEDGER (when set), one line a call."""
+    ledger = os.environ.get("TIMETABLE_LEDGER")
+    if ledger:
+        fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{ctx.run_id}\n".encode())
+        finally:
+            os.close(fd)
+    return {"run": ctx.run_id, **ctx.input}

@@ -118,6 +118,11 @@ def test_every_figure_is_written_with_positive_medians(results):
         assert 0 <= level["lock_wait_share"]["median"] <= 1 and 0 <= level["machine_cpu_busy"]["median"] <= 1
         assert level["limited_by"]
 
+    fanout = figures["map"]
+    for name in ("map_s", "map_call_s", "loop_s"):
+        positive(fanout[name], name)
+    assert fanout["map_over_ideal"]["ratio"] > 0 and fanout["map_over_loop"]["ratio"] > 0
+
     pickup = figures["pickup"]
     assert "listening on durableruns_due" in pickup["listening"]["worker_says"]
     assert "listening" not in pickup["polling"]["worker_says"]
@@ -128,7 +133,7 @@ def test_every_figure_is_written_with_positive_medians(results):
 
 def test_the_report_states_targets_and_machine(results):
     data, _ = results
-    assert len(data["targets"]) == 9
+    assert len(data["targets"]) == 10
     assert {t["verdict"] for t in data["targets"]} <= {"PASS", "MISS"}
     meta = data["meta"]
     assert meta["size"] == "tiny" and meta["nproc"] >= 1
