@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, DataError, IntegrityError, connections
+from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, connections
 
 from durableruns import conf, store, testing
 from durableruns.clock import Clock
@@ -255,7 +255,7 @@ class WorkerPool:
         self.timer = timer  # seconds until the next run comes due by itself (a wake time, a lease running out)
         self.on_claim = on_claim  # hears how long each claim took (a worker's metrics)
         self.on_outcome = on_outcome
-        self.error: DatabaseError | None = None
+        self.error: DatabaseError | InterfaceError | None = None
         self._raised: BaseException | None = None
         if waker is not None:
             self.stopping.then(waker.wake_all)
@@ -328,7 +328,7 @@ class WorkerPool:
                 # Nothing is due (the last claim found nothing, or the process knows); a wake since left a
                 # permit, which ends the wait at once.
                 self.waker.wait(self._idle_timeout(due_in), unless=self.stopping.is_set)
-        except DatabaseError as exc:
+        except (DatabaseError, InterfaceError) as exc:
             self.error = exc
             self.stopping.set()
         finally:
@@ -392,7 +392,7 @@ class WorkerPool:
             except (DataError, IntegrityError) as exc:  # this run's data, not the database's health
                 self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock)))
                 continue
-            except DatabaseError:
+            except (DatabaseError, InterfaceError):  # the database's health (InterfaceError: a closed connection)
                 raise
             except Exception as exc:  # a bug, not a step's failure: record it, keep the others going
                 self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock)))
@@ -439,6 +439,6 @@ def set_aside(lease: store.Lease, exc: Exception, clock: Clock) -> str:
         )
     except FencedOut:
         pass
-    except DatabaseError as again:  # the lease runs out on its own and the run is taken again then
+    except (DatabaseError, InterfaceError) as again:  # the lease runs out on its own and the run is taken again then
         log.error("run %s: could not record the error: %s", lease.run_id, again)
     return error
