@@ -10,6 +10,7 @@ import time
 import pytest
 from django.db.models.functions import Now
 
+from durableruns import services, store
 from durableruns.models import RunState, RunStatus, RunStep
 from tests.conftest import wait_until
 from tests.factories import make_run
@@ -57,3 +58,17 @@ def test_sigterm_during_a_long_step_exits_after_the_grace_and_the_run_resumes(wo
     steps = list(RunStep.objects.filter(run_id=run_id).order_by("step", "attempt").values_list(
         "step", "attempt", "status"))
     assert steps == [("after_slow", 1, "completed"), ("slow", 1, "started"), ("slow", 2, "completed")], steps
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_what_a_worker_thread_raises_outside_a_runs_turn_is_raised_by_the_pass(monkeypatch, concurrency):
+    """Off the main thread, a bug outside any run's turn (here in the claim) still stops the pass and reaches the
+    caller, as it did when one thread worked on the main thread; it is not lost in a thread that dies alone."""
+    make_run("shutdown_probe")
+
+    def broken(**kwargs):
+        raise RuntimeError("bug in the claim")
+
+    monkeypatch.setattr(store, "claim", broken)
+    with pytest.raises(RuntimeError, match="bug in the claim"):
+        services.resume_due(concurrency=concurrency, grace=GRACE)
