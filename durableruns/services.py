@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -61,6 +62,10 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> s
         # the same on both, before anything is written.
         # The message spells the id with escapes (repr); a raw surrogate would break whoever renders it.
         raise InvalidInput(f"run_id {run_id!r} holds a NUL character or a lone surrogate, which cannot be stored")
+    if run_id is not None and _has_control_character(run_id):
+        # A run id goes into mail headers, log lines and terminals: a newline in it breaks an alert's subject
+        # for ever, an escape sequence rewrites an operator's screen.
+        raise InvalidInput(f"run_id {run_id!r} holds a control character (a newline, a tab, ...), which is refused")
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
     plan = workflow.as_plan()
     traces = tracing_in_use()
@@ -68,6 +73,11 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> s
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
                      trace_context=trace_context)
     return run_id
+
+
+def _has_control_character(text: str) -> bool:
+    """Whether `text` holds a control character (C0, DEL, C1) or a line or paragraph separator."""
+    return any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in text)
 
 
 def _storable_text(text: str) -> bool:

@@ -157,6 +157,22 @@ def blocks(ctx: Any) -> dict[str, Any]:
     return {}
 
 
+# A long step and a short one (TEST_SLOW_SECONDS, from the worker's environment): a SIGTERM in the long one must
+# end the worker after the shutdown grace, whatever its concurrency, and leave that step in doubt.
+shutdown_probe = Workflow("shutdown_probe")
+
+
+@shutdown_probe.step(policy="re_executable", timeout=timedelta(seconds=60))
+def slow(ctx: Any) -> dict[str, Any]:
+    time.sleep(float(os.environ.get("TEST_SLOW_SECONDS", 0)))
+    return {"slept": True}
+
+
+@shutdown_probe.step(policy="re_executable")
+def after_slow(ctx: Any) -> dict[str, Any]:
+    return {}
+
+
 # The partition rig (tests/faults/test_partition.py): a booking that holds the run for input["hold"] seconds after
 # the carrier accepted it, so a host can be cut off from PostgreSQL in the middle of the step; then a keyed charge
 # and an email. The carrier does not deduplicate and the email sender has no key: a second booking or email

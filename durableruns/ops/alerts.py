@@ -15,6 +15,7 @@ Triggered by `runs_health --alert`, so the cron line that watches health also se
 from __future__ import annotations
 
 import logging
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -103,15 +104,23 @@ def decision_url(escalation_id: int) -> str:
     return conf.admin_base_url() + reverse("admin:durableruns_escalation_change", args=[escalation_id])
 
 
+def spelled(text: str) -> str:
+    """`text` with each control character (a newline, an escape, ...) or line separator written as its escape
+    (\\n, \\x1b): what the record holds may predate start()'s refusal of them, and a newline in a header would fail
+    every mail about that run, for ever."""
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in text)
+
+
 def message(escalation: Escalation, *, now: datetime, recipients: tuple[str, ...]) -> EmailMessage:
     """The mail about one open escalation: where its run stands, why it stopped, how to check, where to decide."""
     run = escalation.run
     sentence = services.boundary_of(run).sentence(timezone.get_current_timezone())
+    run_id = spelled(run.run_id)
     waited = age_text(now - escalation.opened_at)
     doc = " ".join(services.step_doc(run, escalation.step).split())
     body = "\n".join(
         [
-            f"Run {run.run_id} ({run.workflow}) has waited {waited} for a decision on its step {escalation.step}.",
+            f"Run {run_id} ({run.workflow}) has waited {waited} for a decision on its step {escalation.step}.",
             "",
             f"Where it stands: {sentence}.",
             f"Why it stopped: {escalation.reason or 'the step is in doubt and only a person can settle it'}",
@@ -124,7 +133,7 @@ def message(escalation: Escalation, *, now: datetime, recipients: tuple[str, ...
             f"{age_text(conf.escalation_alert_period())} while the escalation stays open.",
         ]
     )
-    subject = f"[durableruns] {run.run_id}: {escalation.step} waits for a decision ({waited})"
+    subject = f"[durableruns] {run_id}: {spelled(escalation.step)} waits for a decision ({waited})"
     return EmailMessage(subject=subject, body=body, to=list(recipients))
 
 
@@ -182,8 +191,8 @@ def stopped_message(run: RunState, *, now: datetime, recipients: tuple[str, ...]
     waited = age_text(now - run.updated_at)
     body = "\n".join(
         [
-            f"Run {run.run_id} ({run.workflow}) has stood stopped for staff for {waited}, with no escalation to "
-            f"decide.",
+            f"Run {spelled(run.run_id)} ({run.workflow}) has stood stopped for staff for {waited}, with no "
+            f"escalation to decide.",
             "",
             f"Where it stands: {sentence}.",
             f"Why it stopped ({stop_kind(run.reason).replace('_', ' ')}): {run.reason or '-'}",
@@ -194,7 +203,7 @@ def stopped_message(run: RunState, *, now: datetime, recipients: tuple[str, ...]
             f"{age_text(conf.escalation_alert_period())} while the run stays stopped.",
         ]
     )
-    subject = f"[durableruns] {run.run_id}: stopped for staff ({waited})"
+    subject = f"[durableruns] {spelled(run.run_id)}: stopped for staff ({waited})"
     return EmailMessage(subject=subject, body=body, to=list(recipients))
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 from types import TracebackType
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
 from durableruns import store
 from durableruns.clock import Clock
@@ -103,7 +103,7 @@ class Heartbeat:
         """Renew `leases` in one statement; forget those another worker took or that were handed back."""
         try:
             renewed = store.renew_all(leases, clock=self.clock)
-        except DatabaseError as exc:
+        except (DatabaseError, InterfaceError) as exc:  # InterfaceError: its connection was closed under it
             log.warning("%d lease(s) not renewed (%s); reconnecting for the next beat", len(leases), str(exc).strip())
             _drop_connection()
             return
@@ -120,5 +120,5 @@ def _drop_connection() -> None:
     db = connections[DEFAULT_DB_ALIAS]
     try:
         db.close()
-    except DatabaseError:  # closing a broken connection can fail too; it is gone either way
+    except (DatabaseError, InterfaceError):  # closing a broken connection can fail too; it is gone either way
         db.connection = None

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, DataError, IntegrityError, connections
+from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, connections
 
 from durableruns import conf, store, testing
 from durableruns.clock import Clock
@@ -255,7 +255,8 @@ class WorkerPool:
         self.timer = timer  # seconds until the next run comes due by itself (a wake time, a lease running out)
         self.on_claim = on_claim  # hears how long each claim took (a worker's metrics)
         self.on_outcome = on_outcome
-        self.error: DatabaseError | None = None
+        self.error: DatabaseError | InterfaceError | None = None
+        self._raised: BaseException | None = None
         if waker is not None:
             self.stopping.then(waker.wake_all)
         self._in_hand: dict[str, InHand] = {}
@@ -272,22 +273,30 @@ class WorkerPool:
     # -- running ---------------------------------------------------------------------------------------------
 
     def run(self, *, grace: float | None = None) -> None:
-        """Work until done; with several threads, wait for them (at most `grace` seconds once stopping).
+        """Work until done, then wait for the threads: at most `grace` seconds once stopping.
 
-        A database that cannot be reached, met by any thread, stops every thread and is raised here."""
-        if self.concurrency == 1:
+        With a grace (a worker process), every thread works off the main thread, the only one at any
+        concurrency, so the main thread stays free for signals and gives up on a step that outlives the grace
+        whatever the concurrency. Without one, a single thread works on the caller's thread and connection.
+
+        A database that cannot be reached, met by any thread, stops every thread and is raised here; so is
+        anything else a thread raised outside a run's turn (a bug), as it would be on the caller's thread."""
+        if self.concurrency == 1 and grace is None:
             self._thread_main(self.owner, own_connection=False)
         else:
+            names = (
+                [self.owner] if self.concurrency == 1 else [f"{self.owner}#{n}" for n in range(1, self.concurrency + 1)]
+            )
             threads = [
-                threading.Thread(
-                    target=self._thread_main, args=(f"{self.owner}#{n}",), daemon=True, name=f"durableruns-worker-{n}"
-                )
-                for n in range(1, self.concurrency + 1)
+                threading.Thread(target=self._thread_guarded, args=(name,), daemon=True, name=f"durableruns-worker-{n}")
+                for n, name in enumerate(names, start=1)
             ]
             for thread in threads:
                 thread.start()
             # Joined in slices: the main thread stays free for signals, and gives up on threads whose step
-            # outlives the grace period (the record is safe either way: each fact is its own commit).
+            # outlives the grace period. The step in hand is left as it stands, its intent committed and its
+            # result not: in doubt, settled by its policy once its lease runs out (the heartbeat stops with the
+            # pass), exactly as after a crash; nothing is marked failed.
             while any(thread.is_alive() for thread in threads):
                 for thread in threads:
                     thread.join(0.05)
@@ -301,6 +310,17 @@ class WorkerPool:
                     break
         if self.error is not None:
             raise self.error
+        if self._raised is not None:
+            raise self._raised
+
+    def _thread_guarded(self, owner: str) -> None:
+        """A worker thread's life: what it raises past its runs' turns stops the pool and is raised by run()."""
+        try:
+            self._thread_main(owner)
+        except BaseException as exc:  # a bug outside any run's turn; the caller's thread raises it
+            if self._raised is None:
+                self._raised = exc
+            self.stopping.set()
 
     def _thread_main(self, owner: str, *, own_connection: bool = True) -> None:
         engine = Engine(self.clock, heartbeat=self.heartbeat, stopping=self.stopping.is_set)
@@ -312,7 +332,7 @@ class WorkerPool:
                 # Nothing is due (the last claim found nothing, or the process knows); a wake since left a
                 # permit, which ends the wait at once.
                 self.waker.wait(self._idle_timeout(due_in), unless=self.stopping.is_set)
-        except DatabaseError as exc:
+        except (DatabaseError, InterfaceError) as exc:
             self.error = exc
             self.stopping.set()
         finally:
@@ -392,7 +412,7 @@ class WorkerPool:
                 self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock, refused=True)))
                 self._leave(run_id)
                 continue
-            except DatabaseError:
+            except (DatabaseError, InterfaceError):  # the database's health (InterfaceError: a closed connection)
                 raise
             except Exception as exc:  # a bug, not a step's failure: record it, keep the others going
                 self.report.crashed.append((run_id, set_aside(claimed.lease, exc, self.clock)))
@@ -448,7 +468,7 @@ def set_aside(lease: store.Lease, exc: Exception, clock: Clock, *, refused: bool
         store.release(lease, status=status, clock=clock, wake_at=wake_at, reason=reason)
     except FencedOut:
         pass
-    except DatabaseError as again:  # the lease runs out on its own and the run is taken again then
+    except (DatabaseError, InterfaceError) as again:  # the lease runs out on its own and the run is taken again then
         log.error("run %s: could not record the error: %s", lease.run_id, again)
     return error
 

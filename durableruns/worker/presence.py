@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError
 
 from durableruns import store
 from durableruns.clock import Clock, host_skew
@@ -39,5 +39,5 @@ class Presence:
                 stopped=stopped,
                 clock=self.clock,
             )
-        except DatabaseError as exc:
+        except (DatabaseError, InterfaceError) as exc:
             log.warning("worker %s: could not report its presence: %s", self.name, exc)

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 from durableruns import conf
 from durableruns.clock import Clock
@@ -96,7 +96,7 @@ class Watchdog(Background):
                     self.presence.report()
                 try:
                     found = outlived(self.heartbeat, clock=self.clock, margin=self.margin)
-                except DatabaseError as exc:  # the workers meet it too, and stop the pass
+                except (DatabaseError, InterfaceError) as exc:  # the workers meet it too, and stop the pass
                     log.warning("watchdog: could not look at the steps in hand: %s", exc)
                     connections.close_all()
                     continue

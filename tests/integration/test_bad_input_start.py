@@ -56,3 +56,23 @@ def test_text_that_only_looks_like_a_nul_is_stored_as_typed() -> None:
     input = {"path": "C:\\u0000", "buyer": "Société Générale 株式会社 🚚", "n": [1, 2.5, None, True]}
     run_id = durableruns.start("scripted", input, run_id="po-42 ✓")
     assert RunState.objects.get(pk=run_id).input == input
+
+
+CONTROL_RUN_IDS = {
+    "a newline": "po\n41",
+    "a header injection": "po-41\r\nBcc: someone@example.com",
+    "a tab": "po\t41",
+    "a terminal escape": "po\x1b[2J41",
+    "DEL": "po\x7f41",
+    "a C1 control (NEL)": "po\x8541",
+    "a line separator": "po\u202841",
+}
+
+
+@pytest.mark.parametrize("run_id", CONTROL_RUN_IDS.values(), ids=CONTROL_RUN_IDS.keys())
+def test_a_run_id_with_a_control_character_is_invalid_input_and_nothing_is_written(run_id: str) -> None:
+    """A run id goes into alert mail headers, log lines and terminals: a newline would break every alert about
+    the run, so it is refused on both databases, as is every other control character."""
+    with pytest.raises(InvalidInput, match="run_id .* holds a control character"):
+        durableruns.start("scripted", {}, run_id=run_id)
+    assert not RunState.objects.exists()

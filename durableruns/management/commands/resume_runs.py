@@ -69,7 +69,10 @@ class Command(BaseCommand):
                run_id: str | None, dry_run: bool, worker: str | None, max_seconds: float | None,
                lease: float | None, metrics_port: int | None = None, **options: Any) -> None:
         if dry_run:
-            self._preview(limit=limit, run_id=run_id)
+            try:
+                self._preview(limit=limit, run_id=run_id)
+            except (DatabaseError, InterfaceError) as exc:
+                raise _stopped(exc) from exc
             return
         owner = worker or services.default_owner()
         lease = lease or conf.lease_seconds()
@@ -88,7 +91,7 @@ class Command(BaseCommand):
                 grace=conf.shutdown_grace(), listen=loop,
                 on_start=(lambda how: self.stdout.write(f"{owner}: working, lease {lease:g}s, {how}")) if loop
                 else None)
-        except DatabaseError as exc:
+        except (DatabaseError, InterfaceError) as exc:  # InterfaceError (a closed connection) is not a DatabaseError
             raise _stopped(exc) from exc
         if counters is not None:
             counters.pass_done(report)
@@ -127,10 +130,11 @@ class Command(BaseCommand):
         self.stdout.write(f"dry run: {len(previews)} run(s) due; nothing changed")
 
 
-def _stopped(exc: DatabaseError) -> CommandError:
-    # A lost or unreachable server, not an error in one run's data: say so, for the operator.
-    lost = isinstance(exc, (OperationalError, InterfaceError))
-    why = "the database is unreachable or dropped the connection: " if lost else ""
+def _stopped(exc: DatabaseError | InterfaceError) -> CommandError:
+    # A lost or unreachable server, or a connection closed under the worker, not an error in one run's data: say
+    # so, for the operator.
+    why = ("the database is unreachable or dropped the connection: " if isinstance(exc, OperationalError)
+           else "the database connection was closed under the worker: " if isinstance(exc, InterfaceError) else "")
     return CommandError(
         f"database error, pass stopped: {why}{exc}".strip()
         + "\nEvery fact is its own transaction, so nothing is half recorded; the next pass resumes from the record.")
