@@ -61,13 +61,16 @@ class Command(BaseCommand):
                             help="Stop claiming new runs after this many seconds.")
         parser.add_argument("--lease", type=_positive(float), default=None,
                             help="Lease length in seconds (default DURABLERUNS_LEASE_SECONDS, 30).")
+        parser.add_argument("--queue", dest="queues", action="append", default=[], metavar="NAME",
+                            help="Take only runs on this queue (repeatable; default: every queue).")
         parser.add_argument("--metrics-port", type=_positive(int), default=None, metavar="PORT",
                             help="Serve this worker's counters for Prometheus at http://127.0.0.1:PORT/metrics "
                                  "(needs durableruns[metrics]).")
 
     def handle(self, *args: Any, loop: bool, interval: float, limit: int | None, concurrency: int | None,
                run_id: str | None, dry_run: bool, worker: str | None, max_seconds: float | None,
-               lease: float | None, metrics_port: int | None = None, **options: Any) -> None:
+               lease: float | None, metrics_port: int | None = None, queues: list[str] | None = None,
+               **options: Any) -> None:
         if dry_run:
             self._preview(limit=limit, run_id=run_id)
             return
@@ -85,7 +88,7 @@ class Command(BaseCommand):
                 on_outcome=counters.observing(self._line) if counters else self._line,
                 on_claim=counters.claimed if counters else None, concurrency=threads, stopping=stopping,
                 waker=Waker() if loop else None, idle_seconds=interval, report_presence=True,
-                grace=conf.shutdown_grace(), listen=loop,
+                grace=conf.shutdown_grace(), listen=loop, queues=queues or (),
                 on_start=(lambda how: self.stdout.write(f"{owner}: working, lease {lease:g}s, {how}")) if loop
                 else None)
         except DatabaseError as exc:
