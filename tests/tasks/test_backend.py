@@ -170,3 +170,19 @@ def test_a_worker_killed_inside_a_task_runs_it_again_after_the_lease_and_records
     assert [status for status, _ in attempts] == [StepStatus.STARTED, StepStatus.COMPLETED]  # one result
     assert attempts[0][1].startswith("doomed") and attempts[1][1].startswith("heir")
     assert done.worker_ids == [owner for _, owner in attempts]
+
+
+@pytest.mark.postgres
+def test_max_attempts_retries_a_task_that_raised_before_it_fails(workers):
+    result = jobs.explode.enqueue("boom")
+    done = workers.run(
+        "--loop", "--max-seconds", "5", DURABLERUNS_TASK_MAX_ATTEMPTS="3", DURABLERUNS_RETRY_BACKOFF_SECONDS="0.2"
+    )
+    assert done.returncode == 0, done.stderr
+    failed = jobs.explode.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in failed.errors] == ["builtins.ValueError"] * 3
+    assert failed.attempts == 3
+    starts = list(RunStep.objects.filter(run_id=result.id).order_by("attempt").values_list("started_at", flat=True))
+    gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:], strict=False)]
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4, gaps  # the backoff, doubling
