@@ -279,12 +279,15 @@ class Preview:
     would: str
 
 
-def preview_due(*, limit: int | None = 100, run_id: str | None = None, clock: Clock | None = None
-                ) -> list[Preview]:
-    """Say what a pass would do with each due run, changing nothing (no claim, no lookup, no step)."""
+def preview_due(*, limit: int | None = 100, run_id: str | None = None, clock: Clock | None = None,
+                queues: Iterable[str] = ()) -> list[Preview]:
+    """Say what a pass would do with each due run (on `queues`, if given), in the order it would take them,
+    changing nothing (no claim, no lookup, no step)."""
     now = (clock or store.DATABASE).expression()
-    runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else RunState.objects.due(now).order_by(
-        "created_at")
+    due = RunState.objects.due(now)
+    if queues:
+        due = due.filter(queue__in=list(queues))
+    runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else due.order_by("-priority", "created_at")
     previews = []
     for run in runs.with_attempts()[:limit]:
         b = boundary_of(run)

@@ -186,3 +186,14 @@ def test_max_attempts_retries_a_task_that_raised_before_it_fails(workers):
     starts = list(RunStep.objects.filter(run_id=result.id).order_by("attempt").values_list("started_at", flat=True))
     gaps = [(later - earlier).total_seconds() for earlier, later in zip(starts, starts[1:], strict=False)]
     assert gaps[0] >= 0.2 and gaps[1] >= 0.4, gaps  # the backoff, doubling
+
+
+def test_dry_run_lists_a_queue_s_due_runs_in_claim_order():
+    low = jobs.add.using(queue_name="reports", priority=-1).enqueue(1, 1).id
+    high = jobs.add.using(queue_name="reports", priority=5).enqueue(1, 1).id
+    other = jobs.add.enqueue(1, 1).id
+    out = StringIO()
+    call_command("resume_runs", "--dry-run", "--queue", "reports", stdout=out)
+    text = out.getvalue()
+    assert other not in text and text.index(high) < text.index(low), text
+    assert "dry run: 2 run(s) due; nothing changed" in text

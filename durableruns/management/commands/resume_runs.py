@@ -72,7 +72,7 @@ class Command(BaseCommand):
                lease: float | None, metrics_port: int | None = None, queues: list[str] | None = None,
                **options: Any) -> None:
         if dry_run:
-            self._preview(limit=limit, run_id=run_id)
+            self._preview(limit=limit, run_id=run_id, queues=queues or ())
             return
         owner = worker or services.default_owner()
         lease = lease or conf.lease_seconds()
@@ -123,8 +123,8 @@ class Command(BaseCommand):
     def _line(self, outcome: RunOutcome) -> None:
         self.stdout.write(f"{outcome.run_id}: {outcome.status} - {outcome.detail}")
 
-    def _preview(self, *, limit: int | None, run_id: str | None) -> None:
-        previews = services.preview_due(limit=limit or 100, run_id=run_id)
+    def _preview(self, *, limit: int | None, run_id: str | None, queues: Any = ()) -> None:
+        previews = services.preview_due(limit=limit or 100, run_id=run_id, queues=queues)
         for p in previews:
             self.stdout.write(f"{p.run_id}: {p.boundary}\n  would {p.would}")
         self.stdout.write(f"dry run: {len(previews)} run(s) due; nothing changed")
