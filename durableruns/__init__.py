@@ -24,11 +24,12 @@ __all__ = ["Workflow", "Rejected", "start", "boundary", "decide", "adopt_plan", 
 __version__ = "0.2.0"
 
 
-def start(workflow_name: str, input: Any, run_id: str | None = None) -> str:
-    """Record a pending run of `workflow_name` with `input` (a JSON object); return its run_id."""
+def start(workflow_name: str, input: Any, run_id: str | None = None, *, priority: int = 0) -> str:
+    """Record a pending run of `workflow_name` with `input` (a JSON object); return its run_id. Among due runs,
+    workers take a higher `priority` first."""
     from durableruns import services
 
-    return services.start_run(workflow_name, input, run_id=run_id)
+    return services.start_run(workflow_name, input, run_id=run_id, priority=priority)
 
 
 def boundary(run_id: str) -> Boundary:

@@ -37,6 +37,12 @@ class DurableRunsConfig(AppConfig):
         # Workflows that live outside an installed app (a script's, a test suite's) are named in settings.
         for module in getattr(settings, "DURABLERUNS_WORKFLOW_MODULES", ()):
             import_module(module)
+        # A site whose TASKS use durableruns: its workers need the workflow that task runs follow.
+        if any(
+            params.get("BACKEND") == "durableruns.tasks.DurableRunsBackend"
+            for params in getattr(settings, "TASKS", {}).values()
+        ):
+            import_module("durableruns.tasks")
 
 
 def _forget_plans(**kwargs: object) -> None:

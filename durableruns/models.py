@@ -61,6 +61,12 @@ class RunState(models.Model):
         help_text="The trace context current when the run was started (OpenTelemetry's propagators' fields: "
                   "traceparent, tracestate), so each pass over the run continues that trace. Recorded only with "
                   "the [otel] extra installed and a span active; NULL otherwise.")
+    priority = models.IntegerField(
+        default=0, db_default=0,
+        help_text="Among due runs, a higher priority is claimed first (then the oldest first).")
+    queue = models.CharField(
+        max_length=100, default="default", db_default="default",
+        help_text="The queue the run is on: a worker started with resume_runs --queue takes only its queues' runs.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     alerted_at = models.DateTimeField(
@@ -81,9 +87,11 @@ class RunState(models.Model):
             ("adopt_plan", "Can move runs to the current plan"),
         ]
         indexes = [
-            # Only runs a worker may still take are indexed, so claiming stays flat however many runs finished.
+            # Only runs a worker may still take are indexed, so claiming stays flat however many runs finished;
+            # in the claim's own order (higher priority first, then the oldest), so a claim walks it and stops at
+            # the first unlocked due run.
             models.Index(
-                fields=["created_at"],
+                fields=["-priority", "created_at"],
                 name="run_state_active_idx",
                 condition=Q(status__in=["pending", "running", "waiting"]),
             ),

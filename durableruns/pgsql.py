@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -29,7 +29,8 @@ from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from durableruns import conf
 
-# Oldest due run first, by walking run_state_active_idx in created_at order: the first unlocked due row ends the
+# Highest priority first, then the oldest, by walking run_state_active_idx (priority DESC, created_at) in its
+# order: the first unlocked due row ends the
 # scan, however many runs are due. Left to its statistics, PostgreSQL may instead fetch every due run and sort
 # them, at each claim, which makes draining a backlog quadratic: it does so whenever the statistics say almost
 # nothing is due while thousands of runs are (after the tables were emptied and refilled, 10,000 runs drained
@@ -42,7 +43,11 @@ NEXT_DUE = """extract(epoch FROM least(
          (SELECT min(wake_at) FROM run_state WHERE status = 'waiting'),
          (SELECT min(lease_expires_at) FROM run_state WHERE status = 'running')) - now())"""
 
-_CLAIM = """
+# A worker limited to some queues (resume_runs --queue) claims with the same statement plus this filter, as a
+# statement of its own: the default claim keeps its plan, with no parameter that stands for "every queue".
+_IN_QUEUES = "\n            AND queue = ANY(%(queues)s::text[])"
+
+_CLAIM_TEMPLATE = """
 WITH claimed AS (
   UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s
@@ -51,11 +56,12 @@ WITH claimed AS (
           WHERE status IN ('pending', 'running', 'waiting')
             AND (status = 'pending'
                  OR (status = 'running' AND lease_expires_at < now() + %(shift)s)
-                 OR (status = 'waiting' AND wake_at <= now() + %(shift)s))
-          ORDER BY created_at
+                 OR (status = 'waiting' AND wake_at <= now() + %(shift)s)){queues}{skip}
+          ORDER BY priority DESC, created_at
           LIMIT 1
             FOR UPDATE SKIP LOCKED)
-  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, trace_context),
+  RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
+            trace_context),
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
 first AS (
@@ -83,18 +89,48 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        CASE WHEN c.run_id IS NULL AND %(hints)s THEN """ + NEXT_DUE + """ END,
        -- a run taken: whether another was due behind it (in the same index order, as this statement saw the
        -- record), so that the thread wakes another idle one only then (worker.pool); one committed since
-       -- notifies on its own
+       -- notifies on its own. Behind it: the same priority and not older, or a lower priority (two ranges of
+       -- the index, each one an index condition).
        CASE WHEN c.run_id IS NOT NULL AND %(hints)s THEN EXISTS (
          SELECT 1 FROM run_state o
-          WHERE o.status IN ('pending', 'running', 'waiting') AND o.created_at >= c.created_at
-            AND o.run_id <> c.run_id
-            AND (o.status = 'pending'
-                 OR (o.status = 'running' AND o.lease_expires_at < now() + %(shift)s)
-                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s))) END,
+          WHERE o.status IN ('pending', 'running', 'waiting')
+            AND o.priority = c.priority AND o.created_at >= c.created_at AND o.run_id <> c.run_id
+            AND {other_due}) OR EXISTS (
+         SELECT 1 FROM run_state o
+          WHERE o.status IN ('pending', 'running', 'waiting') AND o.priority < c.priority
+            AND {other_due}) END,
        -- the trace the run continues (durableruns.tracing; NULL unless started with the [otel] extra)
        c.trace_context
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
+_OTHER_DUE = """(o.status = 'pending'
+                 OR (o.status = 'running' AND o.lease_expires_at < now() + %(shift)s)
+                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s)){other_queues}"""
+_CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{other_due}", _OTHER_DUE)
+
+
+# A pass that leaves out runs it already worked (store.claim's `skip`) claims with this filter too.
+_SKIPPING = "\n            AND run_id <> ALL(%(skip)s::text[])"
+
+
+def _claim_text(*, in_queues: bool, hints: bool, skipping: bool) -> str:
+    """The claim's text for a worker limited to queues or not, whose idle threads wait on a waker (hints) or not,
+    in a pass that leaves some runs out (skipping) or not: each a statement of its own, so the usual claim keeps its
+    plan and pays nothing for the others.
+
+    `hints` is spelled in the text, not passed: PostgreSQL then folds the branches not taken out of every plan,
+    the generic one it caches included. As a parameter they stay in the generic plan, costed, while the custom
+    plans of a claim without hints drop them: once the index walk is cheap (as it is in priority order), the
+    generic plan never looks as good as the custom ones, and every claim is planned anew."""
+    queues = _IN_QUEUES if in_queues else ""
+    text = _CLAIM_TEMPLATE.replace("{queues}", queues).replace("{other_queues}", queues.replace("AND q", "AND o.q"))
+    text = text.replace("{skip}", _SKIPPING if skipping else "")
+    return text.replace("%(hints)s", "true" if hints else "false")
+
+
+_CLAIMS = {(in_queues, hints, skipping): _claim_text(in_queues=in_queues, hints=hints, skipping=skipping)
+           for in_queues in (False, True) for hints in (False, True) for skipping in (False, True)}
+_CLAIM = _CLAIMS[False, True, False]  # every queue, with hints: what a --loop worker sends
 
 _INTENT_ROW = """
 INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, finished_at, result,
@@ -109,21 +145,19 @@ SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, now() + %(shift)
 WAKE_CHANNEL = "durableruns_due"
 WAKE = f"SELECT pg_notify('{WAKE_CHANNEL}', '')"
 
-# The insert wakes idle workers in the same statement.
+# The insert wakes idle workers in the same statement. A deferred run (`wake`: not due before it) is waiting
+# until then, and the claim takes it once the database's now reaches that time.
 _CREATE_RUN = """
 WITH created AS (
   INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, lease_expires_at,
-                         wake_at, reason, input, trace_context, created_at, updated_at)
-  VALUES (%(run)s, %(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, NULL, NULL, '', %(input)s::jsonb,
-          %(trace)s::jsonb, now(), now())
+                         wake_at, reason, input, priority, queue, trace_context, created_at, updated_at)
+  VALUES (%(run)s, %(workflow)s, %(fingerprint)s,
+          CASE WHEN %(wake)s::timestamptz IS NULL THEN 'pending' ELSE 'waiting' END, 0, '', 0, NULL,
+          %(wake)s::timestamptz, CASE WHEN %(wake)s::timestamptz IS NULL THEN '' ELSE %(deferred)s END,
+          %(input)s::jsonb, %(priority)s, %(queue)s, %(trace)s::jsonb, now(), now())
   RETURNING run_id)
 SELECT pg_notify('""" + WAKE_CHANNEL + """', '') FROM created
 """
-
-# The claim of a pass that leaves out runs it already worked (store.claim's `skip`): a separate statement, so the
-# usual claim keeps its plan and pays nothing for it.
-_ORDER = "          ORDER BY created_at\n          LIMIT 1"
-_CLAIM_SKIPPING = _CLAIM.replace(_ORDER, "            AND run_id <> ALL(%(skip)s::text[])\n" + _ORDER, 1)
 
 _RECORD_INTENT = """
 WITH fence AS (
@@ -290,9 +324,11 @@ Times = dict[str, timedelta]
 
 def claim(*, owner: str, times: Times, first_steps: str,
           before_commit: Callable[[str], None] | None = None, hints: bool = False,
-          skip: Collection[str] = ()) -> Claim | None:
-    """Take the oldest due run in one statement, with its attempts; SKIP LOCKED lets any number of workers scan
-    at once. A fresh run of a workflow in `first_steps` (JSON: workflow, fingerprint, step) gets its first
+          queues: tuple[str, ...] = (), skip: Collection[str] = ()) -> Claim | None:
+    """Take the due run of highest priority (the oldest among equals) in one statement, with its attempts; SKIP
+    LOCKED lets any number of workers scan at once. With `queues`, only a run on one of them; `skip`, runs this
+    pass leaves out (store.claim). A fresh run of a workflow in `first_steps` (JSON: workflow, fingerprint, step)
+    gets its first
     step's intent in the same commit; the row ends with that step and its effect key, or two NULLs.
 
     The statement always runs in a transaction of its own with _CLAIM_PLANNING, so every plan PostgreSQL makes
@@ -303,9 +339,11 @@ def claim(*, owner: str, times: Times, first_steps: str,
     itself (nothing claimed) or whether another was due behind the one taken (next_due_from_last_claim,
     more_due_after_last_claim); without, neither subquery runs, and a --once pass pays nothing for them."""
     params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, "hints": hints, **times}
-    statement = _CLAIM
-    if skip:  # runs this pass leaves out (store.claim)
-        statement, params["skip"] = _CLAIM_SKIPPING, sorted(skip)
+    statement = _CLAIMS[bool(queues), hints, bool(skip)]
+    if queues:
+        params["queues"] = list(queues)
+    if skip:
+        params["skip"] = sorted(skip)
     db = connections[DEFAULT_DB_ALIAS]
     setattr(db, _NEXT_DUE_ATTRIBUTE, None)
     setattr(db, _MORE_DUE_ATTRIBUTE, None)
@@ -388,12 +426,15 @@ def wake_workers() -> None:
         cursor.execute(WAKE)
 
 
-def create_run(*, run: str, workflow: str, fingerprint: str, input: str, trace: str | None = None) -> None:
+def create_run(*, run: str, workflow: str, fingerprint: str, input: str, trace: str | None = None, priority: int = 0,
+               queue: str = "default", wake_at: datetime | None = None, deferred: str = "") -> None:
     """Record a pending run (`input`, and `trace`, its trace context or None, as JSON text) created at the
-    database's now: the row RunState.objects.create writes, without building it through the ORM. A duplicate run_id
-    raises Django's IntegrityError."""
+    database's now, or a waiting one until `wake_at` (with `deferred` as its reason): the row
+    RunState.objects.create writes, without building it through the ORM. A duplicate run_id raises Django's
+    IntegrityError."""
     _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input,
-                            "trace": trace})
+                            "trace": trace, "priority": priority, "queue": queue, "wake": wake_at,
+                            "deferred": deferred})
 
 
 def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int, **intent: Any) -> bool:

@@ -24,9 +24,11 @@ class RunStateQuerySet(models.QuerySet):
         """Runs a worker may take when asked for by id: active and not held under a live lease, wake time or not."""
         return self.filter(status__in=self.ACTIVE).exclude(status="running", lease_expires_at__gte=now)
 
-    def claimable(self, now: datetime) -> RunStateQuerySet:
-        """Due runs, oldest first, locked for the caller and skipped if another worker holds the lock."""
-        return self.due(now).order_by("created_at").select_for_update(skip_locked=True)
+    def claimable(self, now: datetime, *, queues: tuple[str, ...] = ()) -> RunStateQuerySet:
+        """Due runs (on `queues`, if given), higher priority first then the oldest, locked for the caller and
+        skipped if another worker holds the lock."""
+        due = self.due(now).filter(queue__in=queues) if queues else self.due(now)
+        return due.order_by("-priority", "created_at").select_for_update(skip_locked=True)
 
     def with_attempts(self) -> RunStateQuerySet:
         """Runs with all their attempts in one extra query: what each run's boundary and sentence need."""

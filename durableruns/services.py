@@ -45,10 +45,22 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> str:
-    """Record a pending run of a registered workflow and return its run_id; a worker executes it. In a process that
-    traces (the [otel] extra), the trace context current now is recorded with it: the run's passes continue it."""
+def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, priority: int = 0,
+              queue: str = "default", run_after: datetime | None = None) -> str:
+    """Record a pending run of a registered workflow and return its run_id; a worker executes it.
+
+    Among due runs a worker takes the highest `priority` first; a worker limited to queues (resume_runs --queue)
+    takes only runs on its `queue`s; a run with `run_after` (an aware datetime) is not due before that time, by
+    the database's clock. In a process that traces (the [otel] extra), the trace context current now is
+    recorded with it: the run's passes continue it.
+    """
     workflow = get_workflow(workflow_name)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidInput(f"priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, not {priority!r}")
+    if not isinstance(queue, str) or not queue.strip() or len(queue) > 100 or not _storable_text(queue):
+        raise InvalidInput(f"queue must be a non-empty name of at most 100 characters, not {queue!r}")
+    if run_after is not None and (not isinstance(run_after, datetime) or run_after.tzinfo is None):
+        raise InvalidInput(f"run_after must be an aware datetime, not {run_after!r}")
     if not isinstance(input, dict):
         raise InvalidInput(f"the input must be a JSON object, not {type(input).__name__}")
     try:
@@ -71,13 +83,17 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None) -> s
     traces = tracing_in_use()
     trace_context = None if traces is None else traces.current_context()
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
-                     trace_context=trace_context)
+                     trace_context=trace_context, priority=priority, queue=queue, run_after=run_after)
     return run_id
 
 
 def _has_control_character(text: str) -> bool:
     """Whether `text` holds a control character (C0, DEL, C1) or a line or paragraph separator."""
     return any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in text)
+
+
+# What the priority column holds (a PostgreSQL integer).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 
 
 def _storable_text(text: str) -> bool:
@@ -206,6 +222,7 @@ def resume_due(
     on_start: Callable[[str], None] | None = None,
     report_presence: bool = False,
     on_claim: Callable[[float], None] | None = None,
+    queues: Iterable[str] = (),
 ) -> PassReport:
     """Claim due runs and work them, with `concurrency` threads, until none is due (or, given a `waker`, until
     `stopping` is set or `max_seconds` pass); safe to run from any number of hosts at once, whatever their
@@ -223,7 +240,7 @@ def resume_due(
     itself in run_worker while it works, for health checks.
 
     `on_claim(seconds)`, if given, hears how long each claim took (a worker's metrics); without it nothing is
-    timed.
+    timed. With `queues`, only runs on those queues are claimed (default: every queue).
     """
     clock = clock or store.DATABASE
     report = PassReport()
@@ -256,7 +273,8 @@ def resume_due(
                 lease_seconds=conf.lease_seconds() if lease_seconds is None else lease_seconds, report=report,
                 budget=Budget(limit), run_id=run_id, deadline=None if max_seconds is None else began + max_seconds,
                 stopping=stopping, waker=waker, idle_seconds=idle_seconds, on_outcome=on_outcome,
-                timer=seconds_until_next_due if waker is not None and on_postgresql() else None, on_claim=on_claim)
+                timer=seconds_until_next_due if waker is not None and on_postgresql() else None, on_claim=on_claim,
+                queues=tuple(dict.fromkeys(queues)))
             try:
                 pool.run(grace=grace)
             finally:
@@ -282,12 +300,15 @@ class Preview:
     would: str
 
 
-def preview_due(*, limit: int | None = 100, run_id: str | None = None, clock: Clock | None = None
-                ) -> list[Preview]:
-    """Say what a pass would do with each due run, changing nothing (no claim, no lookup, no step)."""
+def preview_due(*, limit: int | None = 100, run_id: str | None = None, clock: Clock | None = None,
+                queues: Iterable[str] = ()) -> list[Preview]:
+    """Say what a pass would do with each due run (on `queues`, if given), in the order it would take them,
+    changing nothing (no claim, no lookup, no step)."""
     now = (clock or store.DATABASE).expression()
-    runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else RunState.objects.due(now).order_by(
-        "created_at")
+    due = RunState.objects.due(now)
+    if queues:
+        due = due.filter(queue__in=list(queues))
+    runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else due.order_by("-priority", "created_at")
     previews = []
     for run in runs.with_attempts()[:limit]:
         b = boundary_of(run)

@@ -119,6 +119,8 @@ def ensure_json(value: Any, *, what: str) -> Any:
 # Past this, an error text or a reason is cut (with a marker): a traceback's repr of a huge value must not bloat
 # the record or the admin page.
 TEXT_LIMIT = 10_000
+# The reason of a run started with a run_after: waiting, with that time as its wake time, until it is due.
+DEFERRED = "deferred: not due before its wake time"
 
 
 def storable(text: str, *, limit: int = TEXT_LIMIT) -> str:
@@ -347,19 +349,22 @@ def plan_of(workflow: str, fingerprint: str) -> Plan | None:
 
 
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any],
-               clock: Clock = DATABASE, plan: Plan | None = None, trace_context: dict[str, str] | None = None
-               ) -> None:
-    """Record a pending run, created at the database's now; a worker picks it up. `plan`, the run's plan, is
-    recorded with it the first time this process starts a run of that fingerprint. `trace_context`: the trace the
-    run's passes continue (durableruns.tracing), if one was current.
+               clock: Clock = DATABASE, plan: Plan | None = None, trace_context: dict[str, str] | None = None,
+               priority: int = 0, queue: str = "default", run_after: datetime | None = None) -> None:
+    """Record a pending run, created at the database's now; a worker picks it up (with `run_after`, a run
+    waiting until then: the claim compares it with the database's now). `plan`, the run's plan, is recorded with
+    it the first time this process starts a run of that fingerprint. `trace_context`: the trace the run's passes
+    continue (durableruns.tracing), if one was current.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
     caller's own records do.
     """
+    deferred = "" if run_after is None else DEFERRED
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
-              "status": RunStatus.PENDING, "created_at": clock.expression(), "updated_at": clock.expression(),
-              "trace_context": trace_context}
+              "status": RunStatus.PENDING if run_after is None else RunStatus.WAITING, "wake_at": run_after,
+              "reason": deferred, "priority": priority, "queue": queue,
+              "created_at": clock.expression(), "updated_at": clock.expression(), "trace_context": trace_context}
     try:
         if connection.in_atomic_block:
             with transaction.atomic():
@@ -373,7 +378,8 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
             if _fast():
                 pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
                                  input=to_json(input, what="the input"),
-                                 trace=None if trace_context is None else to_json(trace_context, what="the trace"))
+                                 trace=None if trace_context is None else to_json(trace_context, what="the trace"),
+                                 priority=priority, queue=queue, wake_at=run_after, deferred=deferred)
             else:
                 RunState.objects.create(**fields)
     except IntegrityError:
@@ -383,9 +389,11 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
 
 def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: str | None = None,
           first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None,
-          hints: bool = False, skip: Collection[str] = ()) -> Claimed | None:
-    """Take the oldest due run (or `run_id`, if it is not held under a live lease); bump its epoch. Runs in `skip`
-    are left out: a single pass's runs it left due again at once (worker.pool), so it does not spin on them.
+          hints: bool = False, queues: tuple[str, ...] = (), skip: Collection[str] = ()) -> Claimed | None:
+    """Take the due run of highest priority, the oldest among equals (or `run_id`, if it is not held under a
+    live lease); bump its epoch. With `queues`, only a run on one of those queues (a named `run_id` is taken
+    whatever its queue). Runs in `skip` are left out: a single pass's runs it left due again at once
+    (worker.pool), so it does not spin on them.
 
     The first time this process (this deploy) finds nothing due, it first makes workable again the runs stopped
     for lacking steps this deploy has (reopen_runnable), and looks once more: a deploy that has the steps came
@@ -393,10 +401,10 @@ def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: 
     again when idle every DURABLERUNS_MISSING_STEP_RETRY_SECONDS, for runs another deploy's workers stopped since.
     """
     taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=run_id, first_steps=first_steps,
-                   before_first_intent=before_first_intent, hints=hints, skip=skip)
+                   before_first_intent=before_first_intent, hints=hints, queues=queues, skip=skip)
     if taken is None and run_id is None and _reopen_when_due(clock):
         taken = _claim(owner=owner, lease_seconds=lease_seconds, clock=clock, run_id=None, first_steps=first_steps,
-                       before_first_intent=before_first_intent, hints=hints, skip=skip)
+                       before_first_intent=before_first_intent, hints=hints, queues=queues, skip=skip)
     return taken
 
 
@@ -437,7 +445,7 @@ def reopen_runnable(*, clock: Clock = DATABASE) -> int:
 
 def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None, first_steps: FirstSteps,
            before_first_intent: Callable[[str], None] | None, hints: bool = False,
-           skip: Collection[str] = ()) -> Claimed | None:
+           queues: tuple[str, ...] = (), skip: Collection[str] = ()) -> Claimed | None:
     """One claim, as `claim` describes it.
 
     On PostgreSQL, when it takes the oldest due run, a fresh run whose (workflow, plan fingerprint) is in
@@ -449,7 +457,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         times = {"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)}
         try:
             taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(first_steps),
-                                before_commit=before_first_intent, hints=hints, skip=skip)
+                                before_commit=before_first_intent, hints=hints, queues=queues, skip=skip)
         except (DataError, IntegrityError):
             if not first_steps:
                 raise
@@ -458,7 +466,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
             # claim again without it, so the engine records the intent on its own, where the pool ends that run's
             # turn only (worker.pool) instead of this claim stopping every pass at the same run.
             taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(()),
-                                before_commit=before_first_intent, hints=hints, skip=skip)
+                                before_commit=before_first_intent, hints=hints, queues=queues, skip=skip)
         if taken is None:
             return None
         taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace = taken
@@ -470,7 +478,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                        ending=ending or "", trace_context=_decoded(trace))
     with transaction.atomic(durable=True):
         if run_id is None:
-            candidates = RunState.objects.claimable(clock.expression())
+            candidates = RunState.objects.claimable(clock.expression(), queues=queues)
             if skip:
                 candidates = candidates.exclude(pk__in=list(skip))
         else:

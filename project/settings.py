@@ -6,6 +6,7 @@ DATABASE_URL=postgres://... for the real engine.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -117,6 +118,17 @@ DURABLERUNS_MAX_LOOKUP_ERRORS = env.int("DURABLERUNS_MAX_LOOKUP_ERRORS", default
 DURABLERUNS_STUCK_MARGIN_SECONDS = env.float("DURABLERUNS_STUCK_MARGIN_SECONDS", default=60.0)
 DURABLERUNS_SHUTDOWN_GRACE_SECONDS = env.float("DURABLERUNS_SHUTDOWN_GRACE_SECONDS", default=30.0)
 DURABLERUNS_LISTEN = env.bool("DURABLERUNS_LISTEN", default=True)
+
+# Django's Tasks run as durableruns runs (on Django 5.2 through the django-tasks backport: durableruns[tasks]);
+# QUEUES = [] accepts any queue name, and resume_runs --queue NAME limits a worker to some.
+if find_spec("django.tasks") or find_spec("django_tasks"):
+    TASKS = {
+        "default": {
+            "BACKEND": "durableruns.tasks.DurableRunsBackend",
+            "QUEUES": [],
+            "OPTIONS": {"MAX_ATTEMPTS": env.int("DURABLERUNS_TASK_MAX_ATTEMPTS", default=1)},
+        }
+    }
 
 LOGGING = {
     "version": 1,

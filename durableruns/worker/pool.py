@@ -239,8 +239,10 @@ class WorkerPool:
         timer: Callable[[], float | None] | None = None,
         on_claim: Callable[[float], None] | None = None,
         on_outcome: Callable[[RunOutcome], None] | None = None,
+        queues: tuple[str, ...] = (),
     ) -> None:
         self.concurrency = concurrency
+        self.queues = queues  # only runs on these queues (empty: every queue)
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.clock = clock
@@ -384,6 +386,7 @@ class WorkerPool:
                 before_first_intent=_before_first_intent(),
                 hints=self.waker is not None,  # idle threads that wait need when to wake, and whom
                 skip=self._leaving(),
+                queues=self.queues,
             )
             if self.on_claim is not None:
                 self.on_claim(time.monotonic() - asked)

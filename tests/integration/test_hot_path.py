@@ -92,15 +92,28 @@ RUNS_SQL = ("INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, 
             " now() + g * interval '1 ms', now() FROM generate_series(1, %s) g")
 
 
-def claim_plan(*, planning: str) -> str:
+def claim_plan(*, planning: str, statement: str = pgsql._CLAIM, **extra: object) -> str:
     """EXPLAIN of the engine's claim, sent with `planning` in front as the engine sends its own."""
     with connection.cursor() as cursor:
-        cursor.execute(planning + "EXPLAIN " + pgsql._CLAIM,
+        cursor.execute(planning + "EXPLAIN " + statement,
                        {"owner": "w", "shift": timedelta(0), "lease": timedelta(seconds=30), "first_steps": "[]",
-                        "hints": True})
+                        "hints": True, **extra})
         if planning:
             cursor.nextset()
         return "\n".join(line for (line,) in cursor.fetchall())
+
+
+def test_a_claim_limited_to_queues_walks_the_same_index_in_priority_order():
+    with connection.cursor() as cursor:
+        cursor.execute(RUNS_SQL, ["backlog-", "pending", 3000])
+        cursor.execute("UPDATE run_state SET queue = 'reports' WHERE run_id IN ('backlog-7', 'backlog-9')")
+        cursor.execute("UPDATE run_state SET priority = 1 WHERE run_id = 'backlog-9'")
+        cursor.execute("ANALYZE run_state")
+    plan = claim_plan(planning=pgsql._CLAIM_PLANNING, statement=pgsql._CLAIMS[True, True, False], queues=["reports"])
+    assert "Index Scan using run_state_active_idx" in plan and "Sort" not in plan, plan
+    taken = [store.claim(owner="w", lease_seconds=30, queues=("reports",), hints=True) for _ in range(3)]
+    assert [t.lease.run_id if t else None for t in taken] == ["backlog-9", "backlog-7", None]
+    assert store.claim(owner="w", lease_seconds=30, hints=True).lease.run_id == "backlog-1"
 
 
 def test_a_backlog_is_claimed_by_walking_the_index_whatever_the_statistics_say():

@@ -61,16 +61,19 @@ class Command(BaseCommand):
                             help="Stop claiming new runs after this many seconds.")
         parser.add_argument("--lease", type=_positive(float), default=None,
                             help="Lease length in seconds (default DURABLERUNS_LEASE_SECONDS, 30).")
+        parser.add_argument("--queue", dest="queues", action="append", default=[], metavar="NAME",
+                            help="Take only runs on this queue (repeatable; default: every queue).")
         parser.add_argument("--metrics-port", type=_positive(int), default=None, metavar="PORT",
                             help="Serve this worker's counters for Prometheus at http://127.0.0.1:PORT/metrics "
                                  "(needs durableruns[metrics]).")
 
     def handle(self, *args: Any, loop: bool, interval: float, limit: int | None, concurrency: int | None,
                run_id: str | None, dry_run: bool, worker: str | None, max_seconds: float | None,
-               lease: float | None, metrics_port: int | None = None, **options: Any) -> None:
+               lease: float | None, metrics_port: int | None = None, queues: list[str] | None = None,
+               **options: Any) -> None:
         if dry_run:
             try:
-                self._preview(limit=limit, run_id=run_id)
+                self._preview(limit=limit, run_id=run_id, queues=queues or ())
             except (DatabaseError, InterfaceError) as exc:
                 raise _stopped(exc) from exc
             return
@@ -88,7 +91,7 @@ class Command(BaseCommand):
                 on_outcome=counters.observing(self._line) if counters else self._line,
                 on_claim=counters.claimed if counters else None, concurrency=threads, stopping=stopping,
                 waker=Waker() if loop else None, idle_seconds=interval, report_presence=True,
-                grace=conf.shutdown_grace(), listen=loop,
+                grace=conf.shutdown_grace(), listen=loop, queues=queues or (),
                 on_start=(lambda how: self.stdout.write(f"{owner}: working, lease {lease:g}s, {how}")) if loop
                 else None)
         except (DatabaseError, InterfaceError) as exc:  # InterfaceError (a closed connection) is not a DatabaseError
@@ -123,8 +126,8 @@ class Command(BaseCommand):
     def _line(self, outcome: RunOutcome) -> None:
         self.stdout.write(f"{outcome.run_id}: {outcome.status} - {outcome.detail}")
 
-    def _preview(self, *, limit: int | None, run_id: str | None) -> None:
-        previews = services.preview_due(limit=limit or 100, run_id=run_id)
+    def _preview(self, *, limit: int | None, run_id: str | None, queues: Any = ()) -> None:
+        previews = services.preview_due(limit=limit or 100, run_id=run_id, queues=queues)
         for p in previews:
             self.stdout.write(f"{p.run_id}: {p.boundary}\n  would {p.would}")
         self.stdout.write(f"dry run: {len(previews)} run(s) due; nothing changed")

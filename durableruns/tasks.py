@@ -1,0 +1,214 @@
+"""The backend for Django's Tasks: `TASKS = {"default": {"BACKEND": "durableruns.tasks.DurableRunsBackend"}}`.
+
+A thin adapter from the Tasks API to runs. `my_task.enqueue(...)` starts a run of one workflow, "durableruns.task",
+whose one re-executable step calls the task recorded in the run's input (its module path, args and kwargs), looked
+up by that path on the worker that claims the run: the worker's deploy supplies the task's code, as it supplies
+every step's. The engine drives it like any run (lease, fencing, crash budget, retries with backoff, the admin);
+`get_result(id)` reads the run's record back as a TaskResult.
+
+On Django 6 this is `django.tasks`; on Django 5.2 the `django-tasks` backport (durableruns[tasks]).
+"""
+
+from __future__ import annotations
+
+import traceback
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils.module_loading import import_string
+
+from durableruns import services
+from durableruns.context import StepContext
+from durableruns.models import RunState, RunStatus, RunStep, StepStatus
+from durableruns.registry import Workflow
+
+try:  # Django 6
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.exceptions import TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued
+except ImportError:  # Django 5.2, with the django-tasks backport
+    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
+    from django_tasks.base import (  # type: ignore[no-redef]
+        Task,
+        TaskContext,
+        TaskError,
+        TaskResult,
+        TaskResultStatus,
+    )
+    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
+    from django_tasks.signals import task_enqueued  # type: ignore[no-redef]
+
+BACKEND = "durableruns.tasks.DurableRunsBackend"
+WORKFLOW = "durableruns.task"
+# What the error of a failed attempt keeps of the task's traceback: its last lines, where the cause is.
+TRACEBACK_LIMIT = 1500
+
+
+def _max_attempts() -> int:
+    """OPTIONS["MAX_ATTEMPTS"] of the TASKS alias that uses this backend (default 1: a task that raises has
+    failed, as the Tasks API has it); above 1, a task that raises is retried with DURABLERUNS' backoff."""
+    for params in getattr(settings, "TASKS", {}).values():
+        if params.get("BACKEND") == BACKEND:
+            return int(params.get("OPTIONS", {}).get("MAX_ATTEMPTS", 1))
+    return 1
+
+
+tasks = Workflow(WORKFLOW)
+
+
+class TaskRaised(Exception):
+    """The task raised: the exception's class path and its traceback, as the failed attempt records them."""
+
+    def __init__(self, exception_class_path: str, traceback_text: str) -> None:
+        super().__init__(f"{exception_class_path}\n{traceback_text}")
+        self.exception_class_path = exception_class_path
+        self.traceback_text = traceback_text
+
+
+@tasks.step(policy="re_executable", max_attempts=_max_attempts())
+def run_task(ctx: StepContext) -> Any:
+    """Call the task the run records, with its args and kwargs; what it returns is the task's return value."""
+    found = import_string(ctx.input["task"])
+    task = found if isinstance(found, Task) else None
+    func = task.func if task is not None else found
+    args, kwargs = list(ctx.input.get("args", [])), dict(ctx.input.get("kwargs", {}))
+    if task is not None and task.takes_context:
+        args.insert(0, TaskContext(task_result=result_of(ctx.run_id)))
+    try:
+        return task.call(*args, **kwargs) if task is not None else func(*args, **kwargs)
+    except Exception as exc:  # the task's own: re-raised with its traceback, for get_result (errors)
+        kind = type(exc)
+        text = "".join(traceback.format_exception(exc))
+        if len(text) > TRACEBACK_LIMIT:
+            text = f"Traceback (cut to its last {TRACEBACK_LIMIT} characters):\n...{text[-TRACEBACK_LIMIT:]}"
+        raise TaskRaised(f"{kind.__module__}.{kind.__qualname__}", text) from exc
+
+
+class DurableRunsBackend(BaseTaskBackend):
+    """Django's Tasks on durableruns: each enqueued task is a run that `manage.py resume_runs` works.
+
+    OPTIONS: "ENQUEUE_ON_COMMIT" (default False: the run is recorded in the caller's transaction, so it exists
+    exactly when the caller's own records do; True: recorded once that transaction commits, as a separate
+    commit) and "MAX_ATTEMPTS" (default 1).
+    """
+
+    supports_defer = True
+    supports_priority = True
+    supports_async_task = True
+    supports_get_result = True
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Record a run of the task with these args and kwargs; return its TaskResult (READY)."""
+        self.validate_task(task)
+        run_id = f"{task.name[:100]}-{uuid.uuid4().hex}"
+        result = TaskResult(
+            task=task,
+            id=run_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=list(args),
+            kwargs=dict(kwargs),
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        recorded = {
+            "task": task.module_path,
+            "args": result.args,
+            "kwargs": result.kwargs,
+            "backend": self.alias,
+            "run_after": task.run_after.isoformat() if task.run_after is not None else None,
+        }
+
+        def record() -> None:
+            services.start_run(
+                WORKFLOW,
+                recorded,
+                run_id=run_id,
+                priority=task.priority,
+                queue=task.queue_name,
+                run_after=task.run_after,
+            )
+            task_enqueued.send(type(self), task_result=result)
+
+        if self.options.get("ENQUEUE_ON_COMMIT", False) and connection.in_atomic_block:
+            transaction.on_commit(record)
+        else:
+            record()
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's result as its run's record has it; TaskResultDoesNotExist if there is no such task run."""
+        return result_of(result_id)
+
+
+def result_of(run_id: str) -> TaskResult:
+    """Read a task's run back as a TaskResult: status, times, the workers that attempted it, its return value
+    or the errors of its failed attempts."""
+    run = RunState.objects.filter(pk=run_id, workflow=WORKFLOW).first()
+    if run is None:
+        raise TaskResultDoesNotExist(run_id)
+    attempts = list(RunStep.objects.of_run(run_id).filter(step="run_task"))
+    found = import_string(run.input["task"])
+    task = found if isinstance(found, Task) else Task(func=found)
+    task = task.using(
+        priority=run.priority,
+        queue_name=run.queue,
+        backend=run.input.get("backend"),
+        run_after=datetime.fromisoformat(run.input["run_after"]) if run.input.get("run_after") else None,
+    )
+    finished = run.status in _FINISHED
+    result = TaskResult(
+        task=task,
+        id=run.run_id,
+        status=_STATUS.get(run.status, TaskResultStatus.RUNNING),
+        enqueued_at=run.created_at,
+        started_at=attempts[0].started_at if attempts else None,
+        finished_at=_finished_at(run, attempts) if finished else None,
+        last_attempted_at=attempts[-1].started_at if attempts else None,
+        args=run.input.get("args", []),
+        kwargs=run.input.get("kwargs", {}),
+        backend=run.input.get("backend", ""),
+        errors=[_error(a.error) for a in attempts if a.status == StepStatus.FAILED],
+        worker_ids=[a.owner for a in attempts],
+    )
+    done = next((a for a in attempts if a.status == StepStatus.COMPLETED), None)
+    if done is not None:
+        object.__setattr__(result, "_return_value", done.result)
+    return result
+
+
+# A run waiting (deferred, or for a retry's backoff) will run again: READY. One stopped for staff (its crash
+# budget spent) is neither finished nor ready: RUNNING until staff settle it.
+_STATUS = {
+    RunStatus.PENDING: TaskResultStatus.READY,
+    RunStatus.WAITING: TaskResultStatus.READY,
+    RunStatus.RUNNING: TaskResultStatus.RUNNING,
+    RunStatus.NEEDS_DECISION: TaskResultStatus.RUNNING,
+    RunStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    RunStatus.FAILED: TaskResultStatus.FAILED,
+    RunStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+_FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+def _finished_at(run: RunState, attempts: list[RunStep]) -> datetime:
+    ends = [a.finished_at for a in attempts if a.finished_at is not None]
+    return max(ends) if ends else run.updated_at
+
+
+def _error(text: str) -> TaskError:
+    """A failed attempt's error as a TaskError: what TaskRaised recorded ("<its path>: <class path>\\n<traceback>"),
+    or, for a failure of durableruns' own (a return value that is not JSON), its first line's class."""
+    head, _, rest = text.partition("\n")
+    kind, _, message = head.partition(": ")
+    if kind == f"{TaskRaised.__module__}.{TaskRaised.__qualname__}" and rest:
+        return TaskError(exception_class_path=message, traceback=rest)
+    return TaskError(exception_class_path=kind, traceback=text)
