@@ -10,6 +10,8 @@ crashed runs for recovery, 200 I/O-bound runs against DBOS, concurrency 1 to 128
 pickup latency. The suite owns its databases (durableruns_bench, dr_bench_app and DBOS's
 dbos_bench_sys / dbos_bench_recovery_sys, or `<prefix>_*` with --db-prefix) and never touches the project's.
 Run it on a quiet machine: the ratios are measured side by side, but the absolute figures follow the load.
+`bin/setup --bench` installs what it needs (the bench extra: PostgreSQL's driver, DBOS, matplotlib) and starts
+PostgreSQL.
 """
 
 from __future__ import annotations

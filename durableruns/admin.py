@@ -515,7 +515,7 @@ class RunStateAdmin(ReadOnlyRecord):
     # -- staff actions, each confirmed with a note and recorded by a service
 
     @admin.action(description="Cancel selected runs…", permissions=["cancel"])
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def cancel_runs(self, request: HttpRequest, queryset: RunStateQuerySet) -> HttpResponse | None:
         return self._confirmed(
             request, queryset, action="cancel_runs", perform=services.cancel_run,
             title="Cancel runs", verb="cancelled",
@@ -523,7 +523,7 @@ class RunStateAdmin(ReadOnlyRecord):
         )
 
     @admin.action(description="Retry selected failed runs…", permissions=["retry"])
-    def retry_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def retry_runs(self, request: HttpRequest, queryset: RunStateQuerySet) -> HttpResponse | None:
         return self._confirmed(
             request, queryset, action="retry_runs", perform=services.retry_run,
             title="Retry failed runs", verb="retried",
@@ -532,7 +532,7 @@ class RunStateAdmin(ReadOnlyRecord):
         )
 
     @admin.action(description="Move selected runs to the current plan…", permissions=["adopt_plan"])
-    def adopt_plan_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def adopt_plan_runs(self, request: HttpRequest, queryset: RunStateQuerySet) -> HttpResponse | None:
         return self._confirmed(
             request, queryset, action="adopt_plan_runs", perform=services.adopt_plan,
             title="Move runs to the current plan", verb="moved to the current plan",
@@ -541,7 +541,7 @@ class RunStateAdmin(ReadOnlyRecord):
                      "policy, and none it has not attempted comes before them); any other is left as it is.",
         )
 
-    def _confirmed(self, request: HttpRequest, queryset: QuerySet, *, action: str, title: str, verb: str,
+    def _confirmed(self, request: HttpRequest, queryset: RunStateQuerySet, *, action: str, title: str, verb: str,
                    question: str, perform: Callable[..., Intervention]) -> HttpResponse | None:
         """Like delete_selected: a confirmation page with a required note, then one service call per run."""
         runs = list(queryset.with_attempts())

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError
+from django.db import DatabaseError, models
 
 from durableruns.policies import Policy
 from durableruns.registry import workflows
@@ -49,8 +49,9 @@ def _names_too_long() -> list[checks.CheckMessage]:
     run, for each such name."""
     from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunStep
 
-    def limit(*fields: tuple[type, str]) -> int:
-        return min(int(model._meta.get_field(name).max_length) for model, name in fields)
+    def limit(*fields: tuple[type[models.Model], str]) -> int:
+        columns = [model._meta.get_field(name) for model, name in fields]
+        return min(column.max_length or 0 for column in columns if isinstance(column, models.Field))
 
     workflow_limit = limit((RunState, "workflow"), (RunPlan, "workflow"))
     step_limit = limit((RunStep, "step"), (Escalation, "step"), (Intervention, "step"))

@@ -38,8 +38,9 @@ class Clock:
         """The database's time now (one round trip on PostgreSQL), as Django represents datetimes."""
         if not on_postgresql():
             return timezone.now() + self.shift
+        shift: list[Any] = [self.shift]  # an interval: psycopg adapts it, whatever the stubs list
         with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
-            cursor.execute("SELECT clock_timestamp() + %s", [self.shift])
+            cursor.execute("SELECT clock_timestamp() + %s", shift)
             (value,) = cursor.fetchone()
         return as_django(value)
 

@@ -18,16 +18,22 @@ prepared statements turns preparing off.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from durableruns import conf
+
+if TYPE_CHECKING:
+    import psycopg
+
+# psycopg itself is imported only where a statement goes to PostgreSQL: a SQLite-only site installs durableruns
+# without the [postgres] extra, and still imports this module (store.py does).
 
 # Highest priority first, then the oldest, by walking run_state_active_idx (priority DESC, created_at) in its
 # order: the first unlocked due row ends the
@@ -237,13 +243,18 @@ SELECT run_id FROM fence
 """
 
 
-class _PreparedCursor(psycopg.Cursor[Any]):
-    """A server-side binding cursor whose every statement is prepared (parsed once per connection)."""
+@functools.cache
+def _prepared_cursor() -> type[psycopg.Cursor[Any]]:
+    """The class of a server-side binding cursor whose every statement is prepared (parsed once per connection)."""
+    import psycopg
 
-    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
-                binary: bool | None = None) -> _PreparedCursor:
-        super().execute(query, params, prepare=True, binary=binary)
-        return self
+    class PreparedCursor(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                    binary: bool | None = None) -> PreparedCursor:
+            super().execute(query, params, prepare=True, binary=binary)
+            return self
+
+    return PreparedCursor
 
 
 # Above any count a statement reaches, so psycopg prepares nothing on its own: only what asks (prepare=True).
@@ -260,7 +271,7 @@ class _HotPath:
         self.raw = db.connection
         if self.raw.prepare_threshold is None:  # Django turns preparing off for the whole connection by default
             self.raw.prepare_threshold = _ONLY_WHEN_ASKED
-        self.cursor = CursorWrapper(_PreparedCursor(self.raw), db)  # wrapped like Django's own cursors
+        self.cursor = CursorWrapper(_prepared_cursor()(self.raw), db)  # wrapped like Django's own cursors
         self.executions = 0
         self._generation = 0
         self._texts: dict[str, str] = {}
@@ -338,6 +349,8 @@ def claim(*, owner: str, times: Times, first_steps: str,
     With `hints` (a worker whose idle threads wait on a waker) the row also says when the next run comes due by
     itself (nothing claimed) or whether another was due behind the one taken (next_due_from_last_claim,
     more_due_after_last_claim); without, neither subquery runs, and a --once pass pays nothing for them."""
+    import psycopg
+
     params: dict[str, Any] = {"owner": owner, "first_steps": first_steps, "hints": hints, **times}
     statement = _CLAIMS[bool(queues), hints, bool(skip)]
     if queues:

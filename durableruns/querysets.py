@@ -43,7 +43,7 @@ class RunStateQuerySet(models.QuerySet):
 
     def needing(self, step: str) -> RunStateQuerySet:
         """Runs that have not completed `step`."""
-        attempts = self.model._meta.get_field("attempts").related_model._default_manager
+        attempts = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager
         return self.exclude(models.Exists(attempts.filter(run_id=models.OuterRef("pk"), step=step,
                                                           status="completed")))
 
@@ -71,7 +71,7 @@ class RunStateQuerySet(models.QuerySet):
 
     def having_effect_key(self, key: str) -> RunStateQuerySet:
         """Runs with an attempt under `key` (EXISTS, so a run with many such attempts is listed once)."""
-        attempts = self.model._meta.get_field("attempts").related_model._default_manager
+        attempts = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager
         return self.filter(models.Exists(attempts.filter(run_id=models.OuterRef("pk"), effect_key=key)))
 
 

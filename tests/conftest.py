@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,16 @@ import tests.workflows  # noqa: F401  (registers the test workflows in this proc
 from project.purchasing.far import FarSystems, systems
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """What the next Django releases remove fails the suite, on whichever Django runs it: on 5.2 what 6.0 and 6.1
+    remove, on 6.x what 7.0 removes: each RemovedInDjangoNNWarning class the running Django defines."""
+    from django.utils import deprecation
+
+    for name in sorted(vars(deprecation)):
+        if re.fullmatch(r"RemovedInDjango\d+Warning", name):
+            config.addinivalue_line("filterwarnings", f"error::django.utils.deprecation.{name}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -126,7 +126,7 @@ def in_doubt_by_workflow(now: datetime) -> list[tuple[str, int, datetime]]:
     primary key: one OR across both would read every run."""
     found: dict[str, tuple[int, datetime]] = {}
     for unheld in (RunState.objects.takeable(now), RunState.objects.filter(status=RunStatus.NEEDS_DECISION)):
-        held = unheld.order_by().values("pk")
+        held = unheld.order_by().values_list("pk", flat=True)
         for workflow, count, oldest in (
             RunStep.objects.filter(status=StepStatus.STARTED, run_id__in=held)
             .order_by()

@@ -14,7 +14,6 @@ import logging
 import threading
 from typing import Any
 
-import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from durableruns.pgsql import NEXT_DUE, next_due_from_last_claim
@@ -64,6 +63,8 @@ class Listener(Background):
         return f"polling (listener lost: {self.lost_since})" if self.lost_since else "polling (not listening yet)"
 
     def _run(self) -> None:
+        import psycopg  # here: a SQLite-only site (no [postgres] extra) imports this module, and never listens
+
         while not self._stopped.is_set():
             try:
                 with psycopg.connect(**self._params, autocommit=True) as conn:

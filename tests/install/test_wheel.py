@@ -1,7 +1,8 @@
 """Install durableruns as a user would: build the wheel, pip-install it into a fresh virtualenv, generate a site
 with `django-admin startproject` (no REST_FRAMEWORK setting at all), add the app, migrate, run a three-step
 workflow through `resume_runs`, and probe the admin and the API over HTTP against `runserver`. Then schemathesis
-fuzzes that bare site's schema. The same on SQLite (the embedded default) and on PostgreSQL.
+fuzzes that bare site's schema. The same on SQLite (the embedded default; the wheel installed without the
+[postgres] extra, so no PostgreSQL driver at all) and on PostgreSQL (with it).
 
 Nothing here imports the demo site's settings into the bare site: it sees only what the wheel holds.
 """
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,18 +95,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv (no system site-packages) with the wheel and its postgres extra, from the index."""
-    home = tmp_path_factory.mktemp("venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=120)
-    installed = subprocess.run(
-        [str(home / "bin" / "pip"), "install", "--quiet", f"{wheel}[postgres]"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert installed.returncode == 0, installed.stderr
-    return home
+def venvs(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
+    """Fresh virtualenvs (no system site-packages), each with the wheel and the extras named, from the index: one
+    per set of extras, made when a test first asks for it."""
+    made: dict[str, Path] = {}
+
+    def venv(extras: str) -> Path:
+        if extras not in made:
+            home = tmp_path_factory.mktemp("venv") / "venv"
+            subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=120)
+            installed = subprocess.run(
+                [str(home / "bin" / "pip"), "install", "--quiet", f"{wheel}{extras}"],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert installed.returncode == 0, installed.stderr
+            made[extras] = home
+        return made[extras]
+
+    yield venv
 
 
 def test_the_wheel_holds_the_app_only(wheel: Path):
@@ -116,10 +125,24 @@ def test_the_wheel_holds_the_app_only(wheel: Path):
     assert "durableruns/templates/durableruns/admin/escalation_page.html" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
-    assert "Requires-Dist: Django<7,>=5.2" in metadata
+    required = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: ") and "extra ==" not in line]
+    assert [line.split(" ", 1)[1].split(">")[0].split("<")[0] for line in required] == [
+        "Django",
+        "djangorestframework",
+        "drf-spectacular",
+    ]
+    assert "Requires-Dist: Django<6.2,>=5.2" in metadata
     assert 'Requires-Dist: psycopg[binary]>=3.2; extra == "postgres"' in metadata
-    assert "django-environ" not in metadata.split("Provides-Extra: dev")[0]
-    assert "Classifier: Framework :: Django :: 5.2" in metadata
+    # The classifiers name the Django and Python releases bin/test runs the suite on, and no other.
+    classifiers = [line.split(":: ", 1)[1] for line in metadata.splitlines() if line.startswith("Classifier: ")]
+    assert [c for c in classifiers if c.startswith("Django ::")] == ["Django :: 5.2", "Django :: 6.1"]
+    assert [c for c in classifiers if re.fullmatch(r"Python :: 3\.\d+", c)] == ["Python :: 3.11", "Python :: 3.13"]
+    # Each command installs its own: the demo no benchmark baseline, browser, fuzzer or type checker.
+    extras = re.findall(r'^Requires-Dist: (\S+?)[<>=;\[].*extra == "(\w+)"', metadata, re.MULTILINE)
+    demo = {name for name, extra in extras if extra == "demo"}
+    assert demo == {"django-environ", "drf-spectacular-sidecar"}
+    assert {"pytest", "playwright", "schemathesis", "mypy"} <= {name for name, extra in extras if extra == "test"}
+    assert {"dbos", "matplotlib"} <= {name for name, extra in extras if extra == "bench"}
 
 
 @dataclass
@@ -129,6 +152,7 @@ class BareSite:
     root: Path
     venv: Path
     env: dict[str, str]
+    database: dict[str, Any] = field(default_factory=dict)
     url: str = ""
     server: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
@@ -171,7 +195,7 @@ def make_site(base: Path, venv: Path, database: dict[str, Any]) -> BareSite:
     subprocess.run(
         [str(venv / "bin" / "django-admin"), "startproject", "mysite", str(base)], check=True, env=env, timeout=60
     )
-    site = BareSite(root=base, venv=venv, env=env)
+    site = BareSite(root=base, venv=venv, env=env, database=database)
     site.manage("startapp", "shop")
     (base / "shop" / "workflows.py").write_text(WORKFLOWS)
     settings_py = base / "mysite" / "settings.py"
@@ -240,13 +264,20 @@ def postgres_database() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def site(request: pytest.FixtureRequest, venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BareSite]:
+def site(
+    request: pytest.FixtureRequest, venvs: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BareSite]:
+    """The SQLite site installs the wheel without the [postgres] extra, as the README's step 1 says such a site
+    does; the PostgreSQL site with it."""
     base = tmp_path_factory.mktemp(f"site-{request.param}")
     if request.param == "sqlite":
         database: dict[str, Any] = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(base / "db.sqlite3")}
+        venv = venvs("")
     else:
         database = postgres_database()
+        venv = venvs("[postgres]")
     site = make_site(base, venv, database)
+    site.manage("check")
     site.manage("migrate", "-v0")
     site.manage("shell", input=SEED)
     serve(site)
@@ -258,6 +289,19 @@ def site(request: pytest.FixtureRequest, venv: Path, tmp_path_factory: pytest.Te
         dsn = {"host": database["HOST"], "port": database["PORT"], "user": database["USER"], "dbname": "postgres"}
         with psycopg.connect(**dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{database["NAME"]}" WITH (FORCE)')
+
+
+def test_each_site_has_the_driver_it_asked_for(site: BareSite):
+    """The SQLite site has no PostgreSQL driver at all, and yet it loaded, migrated and started a run (the
+    fixture); the PostgreSQL site has psycopg from the extra."""
+    on_postgres = site.database["ENGINE"] == "django.db.backends.postgresql"
+    found = subprocess.run(
+        [str(site.venv / "bin" / "python"), "-c", "import psycopg"], capture_output=True, text=True, timeout=60
+    )
+    assert (found.returncode == 0) == on_postgres, found.stderr
+    if not on_postgres:
+        assert "No module named 'psycopg'" in found.stderr
+        assert "psycopg" not in site.manage("shell", "-c", "import sys; print(sorted(sys.modules))").stdout
 
 
 def test_a_three_step_workflow_runs_through_resume_runs(site: BareSite):

@@ -97,7 +97,7 @@ def test_a_step_that_outlives_its_timeout_is_named_while_the_other_threads_go_on
                                                                                  django_user_model, settings):
     stuck = make_run("stuck_probe")
     worker = workers.start("--loop", "--concurrency", "2", "--interval", "0.1", "--worker", "w",
-                           DURABLERUNS_STUCK_MARGIN_SECONDS="0.5", TEST_STUCK_SECONDS="5")
+                           DURABLERUNS_STUCK_MARGIN_SECONDS="0.5", TEST_STUCK_SECONDS="10")
     wait_until(lambda: RunStep.objects.filter(run_id=stuck, status="started").exists(), what="the blocking step")
     others = [make_run("scripted") for _ in range(4)]
     wait_until(lambda: RunState.objects.filter(pk__in=others, status=RunStatus.COMPLETED).count() == 4,
