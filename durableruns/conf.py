@@ -8,6 +8,7 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
 
@@ -80,6 +81,14 @@ def listen() -> bool:
     as it does while its listening connection is lost: for a site whose pooler cannot hold a LISTEN, and for the
     benchmarks' degraded figure."""
     return bool(getattr(settings, "DURABLERUNS_LISTEN", True))
+
+
+def listen_database() -> str:
+    """The database alias the listener's own connection LISTENs on; DURABLERUNS_LISTEN_DATABASE, by default the
+    runs' own alias ("default"). Behind a transaction pooler (PgBouncer) name an alias that reaches the same
+    PostgreSQL directly: a pooler hands the LISTEN's server connection to other clients, and no notification
+    comes back through it. The worker checks at start that one does, and polls, saying so, if none does."""
+    return str(getattr(settings, "DURABLERUNS_LISTEN_DATABASE", DEFAULT_DB_ALIAS))
 
 
 def default_timeout() -> timedelta:

@@ -13,11 +13,15 @@ table sizes it was made for (on a table of a few pages PostgreSQL scans sequenti
 grows), so each connection prepares its statements anew every REPLAN_EVERY executions: a plan outlives at most
 that many rows of growth. The claim is prepared too, and planned only under its own planner setting (below).
 Django's own queries keep its client-side binding. A deployment behind a pooler that cannot keep
-prepared statements turns preparing off.
+prepared statements turns preparing off; durableruns also turns it off by itself on any connection that reaches
+PostgreSQL through something in between (a pooler such as PgBouncer in transaction mode runs a client's
+consecutive transactions on different server connections, where a statement prepared on one does not exist):
+one whose server port, inet_server_port(), is not the port it connected to.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -28,6 +32,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from durableruns import conf
+
+log = logging.getLogger("durableruns")
 
 # Oldest due run first, by walking run_state_active_idx in created_at order: the first unlocked due row ends the
 # scan, however many runs are due. Left to its statistics, PostgreSQL may instead fetch every due run and sort
@@ -214,6 +220,12 @@ class _HotPath:
 
     def __init__(self, db: Any) -> None:
         self.raw = db.connection
+        self.prepares = not through_a_proxy(self.raw)
+        if not self.prepares:
+            # Nothing prepared on this connection, not even by psycopg on its own (a site's prepare_threshold):
+            # the next transaction may run on another server connection.
+            self.raw.prepare_threshold = None
+            return
         if self.raw.prepare_threshold is None:  # Django turns preparing off for the whole connection by default
             self.raw.prepare_threshold = _ONLY_WHEN_ASKED
         self.cursor = CursorWrapper(_PreparedCursor(self.raw), db)  # wrapped like Django's own cursors
@@ -249,7 +261,27 @@ def _hot_path() -> _HotPath | None:
     if hot is None or hot.raw is not db.connection:  # first use, or Django has connected again since
         hot = _HotPath(db)
         setattr(db, _ATTRIBUTE, hot)
-    return hot
+    return hot if hot.prepares else None
+
+
+_proxied_said = False
+
+
+def through_a_proxy(raw: psycopg.Connection[Any]) -> bool:
+    """Whether `raw` reaches PostgreSQL through a proxy or pooler: the server listens on another port than the
+    one this connection was made to (a Unix socket straight to the server reports none, and is direct)."""
+    global _proxied_said
+    (server_port,) = raw.execute("SELECT inet_server_port()").fetchone() or (None,)
+    try:
+        client_port = int(raw.info.port)
+    except (TypeError, ValueError):
+        return False
+    proxied = server_port is not None and int(server_port) != client_port
+    if proxied and not _proxied_said:
+        _proxied_said = True
+        log.info("connected on port %s to PostgreSQL listening on port %s: through a pooler or proxy, so "
+                 "nothing is prepared on the server (DURABLERUNS_PREPARED_STATEMENTS)", client_port, server_port)
+    return proxied
 
 
 def _one(sql: str, params: dict[str, Any]) -> Any:

@@ -70,6 +70,11 @@ WSGI_APPLICATION = "project.wsgi.application"
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
+if env("LISTEN_DATABASE_URL", default=""):
+    # The same PostgreSQL reached directly, for the worker's LISTEN alone, when DATABASE_URL goes through a
+    # transaction pooler (README, "PgBouncer").
+    DATABASES["listen"] = env.db("LISTEN_DATABASE_URL")
+    DURABLERUNS_LISTEN_DATABASE = "listen"
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # No OPTIONS: durableruns sets up its SQLite connections itself (busy timeout, WAL, BEGIN IMMEDIATE).
     # A file, not memory, so that worker subprocesses started by the tests see the same database.
