@@ -25,6 +25,7 @@ from durableruns.clock import Clock, host_skew
 from durableruns.engine import step_timeout
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import Escalation, RunState, RunStatus, RunStep, StepStatus, WorkerPresence
+from durableruns.ops import replication
 from durableruns.registry import get_workflow
 
 CHECKS = ("escalation", "due", "stuck", "skew")
@@ -140,7 +141,14 @@ def check(*, limits: dict[str, Thresholds] | None = None, clock: Clock | None = 
     report.skew_seconds = round(skew.total_seconds(), 6)
     report.problems.extend(check_skew(skew, chosen["skew"]))
     report.problems.extend(check_workers(now, chosen["skew"]))
+    report.problems.extend(check_replication())
     return report
+
+
+def check_replication() -> list[Problem]:
+    """A warning when a failover could lose a commit PostgreSQL acknowledged (durableruns.ops.replication)."""
+    risk = replication.risk_now()
+    return [] if risk is None else [Problem(check="replication", level=Level.WARNING, message=risk)]
 
 
 def check_workers(now: datetime, skew_limits: Thresholds) -> list[Problem]:
