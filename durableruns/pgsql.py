@@ -412,21 +412,69 @@ def create_run(*, run: str, workflow: str, fingerprint: str, input: str) -> None
     _rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input})
 
 
-def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int, **intent: Any) -> bool:
+def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int, standby: str | None = None,
+                  **intent: Any) -> bool:
     """Insert the started row (`intent`: i_step, i_attempt, i_key, i_loop, i_progress) and move the cursor,
-    fenced; False if the epoch is stale."""
-    return _rowcount(_RECORD_INTENT, {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, **times,
-                                      **intent}) == 1
+    fenced; False if the epoch is stale. With `standby` (a synchronous_commit level) its commit waits for the
+    standby (_waiting_for_standby)."""
+    params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, **times, **intent}
+    if standby is not None:
+        return _waiting_for_standby(_RECORD_INTENT, params, standby)[1] == 1
+    return _rowcount(_RECORD_INTENT, params) == 1
 
 
 def record_result(*, run: str, epoch: int, owner: str, times: Times, cursor: int, step: str, attempt: int,
-                  result: str, resolution: str, finish: bool, intent: dict[str, Any] | None) -> bool:
-    """Complete the started attempt, move the cursor, and either add the next intent or finish the run."""
+                  result: str, resolution: str, finish: bool, intent: dict[str, Any] | None,
+                  standby: str | None = None) -> bool:
+    """Complete the started attempt, move the cursor, and either add the next intent or finish the run; with
+    `standby`, the commit (the next intent's) waits for the standby."""
     params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, "step": step, "attempt": attempt,
               "result": result, "resolution": resolution, **times}
     if intent is not None:
         params.update(intent)
-    return _one(_RECORD_RESULT[(intent is not None, finish)], params) is not None
+    sql = _RECORD_RESULT[(intent is not None, finish)]
+    if standby is not None:
+        return _waiting_for_standby(sql, params, standby)[0] is not None
+    return _one(sql, params) is not None
+
+
+def _waiting_for_standby(sql: str, params: dict[str, Any], level: str) -> tuple[Any, int]:
+    """Run one fenced statement in a transaction of its own whose commit waits at synchronous_commit `level`
+    (SET LOCAL: this transaction only; PostgreSQL reads it when it commits); return its first row and rowcount.
+
+    Prepared, the four go in one round trip (a pipeline), as the claim's do; unprepared, BEGIN, the setting and
+    the statement go as one query string and COMMIT after it."""
+    if level not in conf.STANDBY_LEVELS:  # spelled into the SQL: only the levels conf allows
+        raise ValueError(f"not a synchronous_commit level that waits for a standby: {level!r}")
+    setting = f"SET LOCAL synchronous_commit = {level}"
+    db = connections[DEFAULT_DB_ALIAS]
+    hot = _hot_path()
+    db.ensure_connection()
+    raw = db.connection
+    with db.wrap_database_errors:
+        try:
+            if hot is None:
+                wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper
+                with wrapper(psycopg.ClientCursor(raw), db) as cursor:
+                    cursor.execute(f"BEGIN;\n{setting};\n{sql}", params)
+                    cursor.nextset()  # past the empty results of BEGIN and SET, to the statement's
+                    cursor.nextset()
+                    row = cursor.fetchone() if cursor.description else None
+                    count = int(cursor.rowcount)
+                raw.execute("COMMIT")
+            else:
+                with raw.pipeline():
+                    raw.execute("BEGIN")
+                    raw.execute(setting)
+                    hot.cursor.execute(hot.text(sql), params)
+                    raw.execute("COMMIT")
+                row = hot.cursor.fetchone() if hot.cursor.description else None
+                count = int(hot.cursor.rowcount)
+        except BaseException:
+            if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                raw.execute("ROLLBACK")
+            raise
+    return row, count
 
 
 def checkpoint(*, run: str, epoch: int, times: Times, step: str, attempt: int, loop: int, progress: str) -> bool:

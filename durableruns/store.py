@@ -12,8 +12,7 @@ import functools
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -203,22 +202,11 @@ def _standby_level(intent: Intent | None) -> str | None:
 
 
 def _wait_for_standby(level: str | None) -> None:
-    """Inside the transaction about to commit an intent: make its commit wait at `level` (SET LOCAL: this
-    transaction only; PostgreSQL reads it when it commits)."""
+    """Inside the ORM's transaction about to commit an intent: make its commit wait at `level` (SET LOCAL: this
+    transaction only; PostgreSQL reads it when it commits). The one-statement path: pgsql._waiting_for_standby."""
     if level is not None and connections[DEFAULT_DB_ALIAS].vendor == "postgresql":
         with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
             cursor.execute("SELECT set_config('synchronous_commit', %s, true)", [level])
-
-
-@contextmanager
-def _standby_transaction(level: str | None) -> Iterator[None]:
-    """The one-statement path's commit, made in a transaction of its own when it must wait at `level`."""
-    if level is None:
-        yield
-        return
-    with transaction.atomic(durable=True):
-        _wait_for_standby(level)
-        yield
 
 
 def _decoded(value: Any) -> Any:
@@ -494,11 +482,9 @@ def record_intent(lease: Lease, intent: Intent, *, clock: Clock = DATABASE) -> N
     """Commit 1: the step is about to act under its effect key, and the run is at this step."""
     level = _standby_level(intent)
     if _fast():
-        with _standby_transaction(level):
-            recorded = pgsql.record_intent(run=lease.run_id, epoch=lease.epoch, owner=lease.owner,
-                                           times=_times(lease, clock), cursor=intent.cursor, **_intent_params(intent))
-            if not recorded:
-                raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        if not pgsql.record_intent(run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
+                                   cursor=intent.cursor, standby=level, **_intent_params(intent)):
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         return
     with transaction.atomic(durable=True):
         _wait_for_standby(level)
@@ -529,16 +515,15 @@ def record_result(
     encoded = to_json(result, what=f"the result of {step}") if encoded is None else encoded
     level = _standby_level(next_intent)
     if intent_recorded and _fast():
-        with _standby_transaction(level):
-            recorded = pgsql.record_result(
-                run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
-                cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
-                resolution=resolution, finish=finish and next_intent is None,
-                intent=_intent_params(next_intent) if next_intent else None,
-            )
-            if not recorded:
-                raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
-                                run_id=lease.run_id, epoch=lease.epoch)
+        recorded = pgsql.record_result(
+            run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
+            cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
+            resolution=resolution, finish=finish and next_intent is None,
+            intent=_intent_params(next_intent) if next_intent else None, standby=level,
+        )
+        if not recorded:
+            raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
+                            run_id=lease.run_id, epoch=lease.epoch)
         if finish and next_intent is None:  # signals
             signals.run_finished(lease.run_id, RunStatus.COMPLETED)
         return

@@ -107,8 +107,9 @@ def waiting_for_standby(pg: PrivatePostgres) -> int:
     return n
 
 
+@pytest.mark.parametrize("prepared", ["1", "0"], ids=["prepared", "unprepared"])
 def test_with_the_standby_gone_only_the_intent_of_a_step_with_no_key_or_lookup_waits_for_it(
-        primary: PrivatePostgres, far: FarSystems) -> None:
+        primary: PrivatePostgres, far: FarSystems, prepared: str) -> None:
     """synchronous_commit = local with a synchronous standby named, and that standby stopped: every commit is
     acknowledged at once, except, with DURABLERUNS_STANDBY_INTENTS, the intent of notify_buyer (escalate: an email
     has no key and no lookup), which waits until the standby is back; then the run finishes, one email sent."""
@@ -126,7 +127,8 @@ def test_with_the_standby_gone_only_the_intent_of_a_step_with_no_key_or_lookup_w
 
         # Protected: everything up to the email's intent commits; that commit waits for the standby.
         start_orders(primary, ["PO-protected"])
-        worker = manage(primary, "resume_runs", "--once", "--concurrency", "1", DURABLERUNS_STANDBY_INTENTS="on")
+        worker = manage(primary, "resume_runs", "--once", "--concurrency", "1", DURABLERUNS_STANDBY_INTENTS="on",
+                        DURABLERUNS_PREPARED_STATEMENTS=prepared)
         try:
             wait_until(lambda: waiting_for_standby(primary) == 1, timeout=60, what="a commit waiting for the standby")
             # book_shipment's result shares its commit with notify_buyer's intent: neither is acknowledged yet.
