@@ -152,12 +152,12 @@ def check_replication() -> list[Problem]:
 
 
 def check_workers(now: datetime, skew_limits: Thresholds) -> list[Problem]:
-    """Live workers (reported within LIVE_WITHIN, not stopped) that poll because their listener was lost (a
-    warning: runs are picked up at the poll interval, not at once), and those whose clock is off by the skew
-    thresholds (as they measured it against the database)."""
+    """Live workers (reported within LIVE_WITHIN, not stopped) that poll because their listener was lost or no
+    notification reaches it (a pooler in between: a warning, runs are picked up at the poll interval, not at once),
+    and those whose clock is off by the skew thresholds (as they measured it against the database)."""
     live = list(WorkerPresence.objects.filter(stopped_at__isnull=True, seen_at__gte=now - LIVE_WITHIN))
     problems = []
-    lost = [w for w in live if w.pickup.startswith("polling (listener lost")]
+    lost = [w for w in live if w.pickup.startswith(("polling (listener lost", "polling (notifications do not"))]
     if lost:
         named = ", ".join(f"{w.name} ({w.pickup})" for w in lost)
         problems.append(
