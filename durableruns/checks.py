@@ -117,3 +117,16 @@ def check_standby_intents(app_configs: Any = None, **kwargs: Any) -> list[checks
         return [checks.Error(str(exc), hint="Leave it unset, or set 'on', 'remote_write' or 'remote_apply'.",
                              id="durableruns.E005")]
     return []
+
+
+@checks.register(TAG)
+def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DURABLERUNS_LISTEN_DATABASE names a database alias of the site."""
+    from durableruns import conf
+
+    alias = conf.listen_database()
+    if alias in settings.DATABASES:
+        return []
+    return [checks.Error(f"DURABLERUNS_LISTEN_DATABASE names {alias!r}, which is not in DATABASES",
+                         hint="Name the alias of a direct connection to the runs' PostgreSQL, or leave it unset.",
+                         id="durableruns.E006")]

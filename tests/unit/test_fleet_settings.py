@@ -1,4 +1,5 @@
-"""When a failover could lose an acknowledged commit, from the server's replication settings (a table)."""
+"""A database that is a fleet: when a failover could lose an acknowledged commit (a table), and the settings for
+standbys and poolers that the system checks reject."""
 
 from __future__ import annotations
 
@@ -41,3 +42,11 @@ def test_the_standby_intents_setting_is_checked_at_start(value, ok):
     assert (found == []) is ok
     if not ok:
         assert [(m.level, m.id) for m in found] == [(checks.ERROR, "durableruns.E005")]
+
+
+def test_the_listen_database_must_be_an_alias_of_the_site():
+    from durableruns.checks import check_listen_database
+
+    assert check_listen_database() == []  # the default: the runs' own alias
+    with override_settings(DURABLERUNS_LISTEN_DATABASE="direct"):
+        assert [m.id for m in check_listen_database()] == ["durableruns.E006"]
