@@ -30,6 +30,12 @@ for _index in range(1, NOOP_STEPS + 1):
     noop9.step(policy="re_executable")(_noop_step(f"step_{_index}"))
 
 STEP_NAMES: tuple[str, ...] = noop9.plan
+
+# The same nine no-op steps, each declared wait_for_standby=True: with DURABLERUNS_STANDBY_INTENTS set, every
+# intent commit of theirs waits for the synchronous standby (bench.standby_cost).
+guarded9 = Workflow("bench_guarded9")
+for _index in range(1, NOOP_STEPS + 1):
+    guarded9.step(policy="re_executable", wait_for_standby=True)(_noop_step(f"step_{_index}"))
 IN_DOUBT_STEP = STEP_NAMES[4]  # the recovery benchmark's runs die in step 5, after four completed steps
 
 # Real-shaped work: each step waits 20 ms, as a call to a far system would, and does nothing else. The thread

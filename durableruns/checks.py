@@ -142,3 +142,31 @@ def check_plans_in_flight(app_configs: Any = None, **kwargs: Any) -> list[checks
              "they wait for a worker that has the step, then stop for staff after "
              "DURABLERUNS_MISSING_STEP_GRACE_SECONDS.",
         id="durableruns.W003") for m in missing]
+
+
+@checks.register(TAG)
+def check_standby_intents(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DURABLERUNS_STANDBY_INTENTS is a synchronous_commit level that waits for a standby, or unset."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from durableruns import conf
+
+    try:
+        conf.standby_intents()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="Leave it unset, or set 'on', 'remote_write' or 'remote_apply'.",
+                             id="durableruns.E005")]
+    return []
+
+
+@checks.register(TAG)
+def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DURABLERUNS_LISTEN_DATABASE names a database alias of the site."""
+    from durableruns import conf
+
+    alias = conf.listen_database()
+    if alias in settings.DATABASES:
+        return []
+    return [checks.Error(f"DURABLERUNS_LISTEN_DATABASE names {alias!r}, which is not in DATABASES",
+                         hint="Name the alias of a direct connection to the runs' PostgreSQL, or leave it unset.",
+                         id="durableruns.E006")]

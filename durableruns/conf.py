@@ -8,6 +8,8 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
 
@@ -94,6 +96,34 @@ def listen() -> bool:
     as it does while its listening connection is lost: for a site whose pooler cannot hold a LISTEN, and for the
     benchmarks' degraded figure."""
     return bool(getattr(settings, "DURABLERUNS_LISTEN", True))
+
+
+def listen_database() -> str:
+    """The database alias the listener's own connection LISTENs on; DURABLERUNS_LISTEN_DATABASE, by default the
+    runs' own alias ("default"). Behind a transaction pooler (PgBouncer) name an alias that reaches the same
+    PostgreSQL directly: a pooler hands the LISTEN's server connection to other clients, and no notification
+    comes back through it. The worker checks at start that one does, and polls, saying so, if none does."""
+    return str(getattr(settings, "DURABLERUNS_LISTEN_DATABASE", DEFAULT_DB_ALIAS))
+
+
+def standby_intents() -> str | None:
+    """The synchronous_commit level (on, remote_write, remote_apply) that the intent commits of steps without a
+    key or lookup (policy escalate, and steps declared wait_for_standby=True) are made with, so that a failover to
+    a standby cannot lose them where the site's replication is otherwise asynchronous; DURABLERUNS_STANDBY_INTENTS,
+    None by default (every commit as the server is set). It waits only for the standbys named in the server's
+    synchronous_standby_names."""
+    value = getattr(settings, "DURABLERUNS_STANDBY_INTENTS", None)
+    if value in (None, "", False):
+        return None
+    level = str(value)
+    if level not in STANDBY_LEVELS:
+        raise ImproperlyConfigured(
+            f"DURABLERUNS_STANDBY_INTENTS must be one of {', '.join(STANDBY_LEVELS)}, not {value!r}"
+        )
+    return level
+
+
+STANDBY_LEVELS = ("on", "remote_write", "remote_apply")
 
 
 def default_timeout() -> timedelta:

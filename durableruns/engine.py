@@ -468,6 +468,7 @@ class Engine:
             step=step.name, attempt=attempt, effect_key=key, cursor=index,
             loop_cursor=restored.loop_cursor if restored else 0,
             progress=copy.deepcopy(dict(restored.progress)) if restored else None,
+            wait_for_standby=step.waits_for_standby,
         )
 
     def _next_intent(self, state: _Pass, plan: list[Step], index: int) -> Intent | None:

@@ -13,12 +13,16 @@ table sizes it was made for (on a table of a few pages PostgreSQL scans sequenti
 grows), so each connection prepares its statements anew every REPLAN_EVERY executions: a plan outlives at most
 that many rows of growth. The claim is prepared too, and planned only under its own planner setting (below).
 Django's own queries keep its client-side binding. A deployment behind a pooler that cannot keep
-prepared statements turns preparing off.
+prepared statements turns preparing off; durableruns also turns it off by itself on any connection that reaches
+PostgreSQL through something in between (a pooler such as PgBouncer in transaction mode runs a client's
+consecutive transactions on different server connections, where a statement prepared on one does not exist):
+one whose server port, inet_server_port(), is not the port it connected to.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
@@ -28,6 +32,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from durableruns import conf
+
+log = logging.getLogger("durableruns")
 
 if TYPE_CHECKING:
     import psycopg
@@ -269,6 +275,12 @@ class _HotPath:
 
     def __init__(self, db: Any) -> None:
         self.raw = db.connection
+        self.prepares = not through_a_proxy(self.raw)
+        if not self.prepares:
+            # Nothing prepared on this connection, not even by psycopg on its own (a site's prepare_threshold):
+            # the next transaction may run on another server connection.
+            self.raw.prepare_threshold = None
+            return
         if self.raw.prepare_threshold is None:  # Django turns preparing off for the whole connection by default
             self.raw.prepare_threshold = _ONLY_WHEN_ASKED
         self.cursor = CursorWrapper(_prepared_cursor()(self.raw), db)  # wrapped like Django's own cursors
@@ -304,7 +316,27 @@ def _hot_path() -> _HotPath | None:
     if hot is None or hot.raw is not db.connection:  # first use, or Django has connected again since
         hot = _HotPath(db)
         setattr(db, _ATTRIBUTE, hot)
-    return hot
+    return hot if hot.prepares else None
+
+
+_proxied_said = False
+
+
+def through_a_proxy(raw: psycopg.Connection[Any]) -> bool:
+    """Whether `raw` reaches PostgreSQL through a proxy or pooler: the server listens on another port than the
+    one this connection was made to (a Unix socket straight to the server reports none, and is direct)."""
+    global _proxied_said
+    (server_port,) = raw.execute("SELECT inet_server_port()").fetchone() or (None,)
+    try:
+        client_port = int(raw.info.port)
+    except (TypeError, ValueError):
+        return False
+    proxied = server_port is not None and int(server_port) != client_port
+    if proxied and not _proxied_said:
+        _proxied_said = True
+        log.info("connected on port %s to PostgreSQL listening on port %s: through a pooler or proxy, so "
+                 "nothing is prepared on the server (DURABLERUNS_PREPARED_STATEMENTS)", client_port, server_port)
+    return proxied
 
 
 def _one(sql: str, params: dict[str, Any]) -> Any:
@@ -450,21 +482,70 @@ def create_run(*, run: str, workflow: str, fingerprint: str, input: str, trace: 
                             "deferred": deferred})
 
 
-def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int, **intent: Any) -> bool:
+def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int, standby: str | None = None,
+                  **intent: Any) -> bool:
     """Insert the started row (`intent`: i_step, i_attempt, i_key, i_loop, i_progress) and move the cursor,
-    fenced; False if the epoch is stale."""
-    return _rowcount(_RECORD_INTENT, {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, **times,
-                                      **intent}) == 1
+    fenced; False if the epoch is stale. With `standby` (a synchronous_commit level) its commit waits for the
+    standby (_waiting_for_standby)."""
+    params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, **times, **intent}
+    if standby is not None:
+        return _waiting_for_standby(_RECORD_INTENT, params, standby)[1] == 1
+    return _rowcount(_RECORD_INTENT, params) == 1
 
 
 def record_result(*, run: str, epoch: int, owner: str, times: Times, cursor: int, step: str, attempt: int,
-                  result: str, resolution: str, finish: bool, intent: dict[str, Any] | None) -> bool:
-    """Complete the started attempt, move the cursor, and either add the next intent or finish the run."""
+                  result: str, resolution: str, finish: bool, intent: dict[str, Any] | None,
+                  standby: str | None = None) -> bool:
+    """Complete the started attempt, move the cursor, and either add the next intent or finish the run; with
+    `standby`, the commit (the next intent's) waits for the standby."""
     params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, "step": step, "attempt": attempt,
               "result": result, "resolution": resolution, **times}
     if intent is not None:
         params.update(intent)
-    return _one(_RECORD_RESULT[(intent is not None, finish)], params) is not None
+    sql = _RECORD_RESULT[(intent is not None, finish)]
+    if standby is not None:
+        return _waiting_for_standby(sql, params, standby)[0] is not None
+    return _one(sql, params) is not None
+
+
+def _waiting_for_standby(sql: str, params: dict[str, Any], level: str) -> tuple[Any, int]:
+    """Run one fenced statement in a transaction of its own whose commit waits at synchronous_commit `level`
+    (SET LOCAL: this transaction only; PostgreSQL reads it when it commits); return its first row and rowcount.
+
+    Prepared, the four go in one round trip (a pipeline), as the claim's do; unprepared, BEGIN, the setting and
+    the statement go as one query string and COMMIT after it."""
+    if level not in conf.STANDBY_LEVELS:  # spelled into the SQL: only the levels conf allows
+        raise ValueError(f"not a synchronous_commit level that waits for a standby: {level!r}")
+    import psycopg  # here: see the module's imports
+    setting = f"SET LOCAL synchronous_commit = {level}"
+    db = connections[DEFAULT_DB_ALIAS]
+    hot = _hot_path()
+    db.ensure_connection()
+    raw = db.connection
+    with db.wrap_database_errors:
+        try:
+            if hot is None:
+                wrapper = CursorDebugWrapper if db.queries_logged else CursorWrapper
+                with wrapper(psycopg.ClientCursor(raw), db) as cursor:
+                    cursor.execute(f"BEGIN;\n{setting};\n{sql}", params)
+                    cursor.nextset()  # past the empty results of BEGIN and SET, to the statement's
+                    cursor.nextset()
+                    row = cursor.fetchone() if cursor.description else None
+                    count = int(cursor.rowcount)
+                raw.execute("COMMIT")
+            else:
+                with raw.pipeline():
+                    raw.execute("BEGIN")
+                    raw.execute(setting)
+                    hot.cursor.execute(hot.text(sql), params)
+                    raw.execute("COMMIT")
+                row = hot.cursor.fetchone() if hot.cursor.description else None
+                count = int(hot.cursor.rowcount)
+        except BaseException:
+            if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                raw.execute("ROLLBACK")
+            raise
+    return row, count
 
 
 def checkpoint(*, run: str, epoch: int, times: Times, step: str, attempt: int, loop: int, progress: str) -> bool:

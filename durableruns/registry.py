@@ -52,6 +52,15 @@ class Step:
     releaser: Step | None = None
     hold_expires_after: timedelta | None = None
     released_by: str = ""
+    # Its intent commit waits for a synchronous standby (DURABLERUNS_STANDBY_INTENTS), as an escalate step's does.
+    wait_for_standby: bool = False
+
+    @property
+    def waits_for_standby(self) -> bool:
+        """Whether a lost intent would let this step run again unasked: it has no lookup to settle it and is not
+        re_executable (policy escalate), or it says so (wait_for_standby=True). DURABLERUNS_STANDBY_INTENTS makes
+        such intent commits wait for a standby, so a failover cannot lose them."""
+        return self.wait_for_standby or self.policy is Policy.ESCALATE
 
     @property
     def is_acquisition(self) -> bool:
@@ -124,6 +133,7 @@ class Workflow:
         release_lookup: LookupFn | None = None,
         hold_expires_after: timedelta | None = None,
         released_by: str = "",
+        wait_for_standby: bool = False,
     ) -> Callable[[StepFn], StepFn]:
         """Declare the decorated function as the next step; `policy` is required, there is no default.
 
@@ -131,6 +141,9 @@ class Workflow:
         (a step named "<step>:release" with its own effect key, re_executable unless `release_lookup=` makes it
         resolvable). `hold_expires_after` is how long the far system keeps the hold on its own; `released_by`
         names a later step whose completion gives it back (or consumes it) in the normal course.
+        `wait_for_standby=True`: with DURABLERUNS_STANDBY_INTENTS set, the step's intent commit waits for a
+        synchronous standby, as an escalate step's always does (for a step whose effect has no key to absorb a
+        second call).
         """
         try:
             chosen = Policy(policy)
@@ -187,6 +200,7 @@ class Workflow:
                 releaser=releaser,
                 hold_expires_after=hold_expires_after,
                 released_by=released_by,
+                wait_for_standby=wait_for_standby,
             )
             self.steps.append(step)
             _declared()

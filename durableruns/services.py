@@ -250,7 +250,7 @@ def resume_due(
     if on_start is not None:
         pickup = f"polling every {idle_seconds:g}s"
         if listener is not None:
-            listener.listening.wait(2.0)
+            listener.settled.wait(Listener.PROBE_SECONDS + 2.0)  # listening, deaf (polling), or lost meanwhile
             pickup = f"{listener.state}, polling every {idle_seconds:g}s as a fallback"
         on_start(f"{concurrency} thread(s); {pickup}")
     watchdog = presence = timetable = None

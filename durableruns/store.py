@@ -93,6 +93,7 @@ class Intent:
     cursor: int
     loop_cursor: int = 0
     progress: dict[str, Any] | None = None
+    wait_for_standby: bool = False  # its commit waits for a standby, with DURABLERUNS_STANDBY_INTENTS
 
 
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -188,9 +189,31 @@ def _finish(lease: Lease, step: str, attempt: int, **fields: Any) -> None:
         )
 
 
-@functools.lru_cache(maxsize=16)
 def _first_steps_json(first_steps: FirstSteps) -> str:
-    return json.dumps([{"workflow": w, "fingerprint": f, "step": s} for w, f, s in first_steps])
+    return _first_steps_json_for(first_steps, conf.standby_intents() is not None)
+
+
+@functools.lru_cache(maxsize=16)
+def _first_steps_json_for(first_steps: FirstSteps, standby: bool) -> str:
+    # A first step whose intent waits for a standby does not ride on the claim's commit (the claim's own
+    # transaction keeps the server's level): its intent is recorded on its own, with the level it needs.
+    return json.dumps([{"workflow": w, "fingerprint": f, "step": s} for w, f, s in first_steps
+                       if not (standby and get_workflow(w)[s].waits_for_standby)])
+
+
+def _standby_level(intent: Intent | None) -> str | None:
+    """The synchronous_commit level `intent`'s commit is made with, if not the server's own."""
+    if intent is None or not intent.wait_for_standby:
+        return None
+    return conf.standby_intents()
+
+
+def _wait_for_standby(level: str | None) -> None:
+    """Inside the ORM's transaction about to commit an intent: make its commit wait at `level` (SET LOCAL: this
+    transaction only; PostgreSQL reads it when it commits). The one-statement path: pgsql._waiting_for_standby."""
+    if level is not None and connections[DEFAULT_DB_ALIAS].vendor == "postgresql":
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute("SELECT set_config('synchronous_commit', %s, true)", [level])
 
 
 def _decoded(value: Any) -> Any:
@@ -550,12 +573,14 @@ def renew_all(leases: list[Lease], *, clock: Clock = DATABASE) -> set[str]:
 
 def record_intent(lease: Lease, intent: Intent, *, clock: Clock = DATABASE) -> None:
     """Commit 1: the step is about to act under its effect key, and the run is at this step."""
+    level = _standby_level(intent)
     if _fast():
-        if not pgsql.record_intent(run=lease.run_id, epoch=lease.epoch, owner=lease.owner,
-                                   times=_times(lease, clock), cursor=intent.cursor, **_intent_params(intent)):
+        if not pgsql.record_intent(run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
+                                   cursor=intent.cursor, standby=level, **_intent_params(intent)):
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         return
     with transaction.atomic(durable=True):
+        _wait_for_standby(level)
         _fence(lease, clock, cursor=intent.cursor)
         _insert_intent(lease, intent, clock)
 
@@ -581,12 +606,13 @@ def record_result(
     Sharing the commit is safe: the next step has not acted yet, and its intent is still durable before it does.
     """
     encoded = to_json(result, what=f"the result of {step}") if encoded is None else encoded
+    level = _standby_level(next_intent)
     if intent_recorded and _fast():
         recorded = pgsql.record_result(
             run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
             cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
             resolution=resolution, finish=finish and next_intent is None,
-            intent=_intent_params(next_intent) if next_intent else None,
+            intent=_intent_params(next_intent) if next_intent else None, standby=level,
         )
         if not recorded:
             raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
@@ -595,6 +621,7 @@ def record_result(
             signals.run_finished(lease.run_id, RunStatus.COMPLETED)
         return
     with transaction.atomic(durable=True):
+        _wait_for_standby(level)
         fields: dict[str, Any] = {"updated_at": clock.expression(),
                                   "lease_expires_at": clock.expression(lease.duration),
                                   "cursor": next_intent.cursor if next_intent else cursor}

@@ -71,6 +71,11 @@ WSGI_APPLICATION = "project.wsgi.application"
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
+if env("LISTEN_DATABASE_URL", default=""):
+    # The same PostgreSQL reached directly, for the worker's LISTEN alone, when DATABASE_URL goes through a
+    # transaction pooler (README, "PgBouncer").
+    DATABASES["listen"] = env.db("LISTEN_DATABASE_URL")
+    DURABLERUNS_LISTEN_DATABASE = "listen"
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # No OPTIONS: durableruns sets up its SQLite connections itself (busy timeout, WAL, BEGIN IMMEDIATE).
     # A file, not memory, so that worker subprocesses started by the tests see the same database.
@@ -118,6 +123,7 @@ DURABLERUNS_MAX_LOOKUP_ERRORS = env.int("DURABLERUNS_MAX_LOOKUP_ERRORS", default
 DURABLERUNS_STUCK_MARGIN_SECONDS = env.float("DURABLERUNS_STUCK_MARGIN_SECONDS", default=60.0)
 DURABLERUNS_SHUTDOWN_GRACE_SECONDS = env.float("DURABLERUNS_SHUTDOWN_GRACE_SECONDS", default=30.0)
 DURABLERUNS_LISTEN = env.bool("DURABLERUNS_LISTEN", default=True)
+DURABLERUNS_STANDBY_INTENTS = env("DURABLERUNS_STANDBY_INTENTS", default=None)
 
 # Django's Tasks run as durableruns runs (on Django 5.2 through the django-tasks backport: durableruns[tasks]);
 # QUEUES = [] accepts any queue name, and resume_runs --queue NAME limits a worker to some.

@@ -26,6 +26,7 @@ from durableruns.clock import Clock, host_skew
 from durableruns.engine import step_timeout
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import Escalation, RunState, RunStatus, RunStep, StepStatus, WorkerPresence
+from durableruns.ops import replication
 from durableruns.plans import STOPPED_MARK
 from durableruns.registry import get_workflow
 from durableruns.worker.pool import REFUSED_MARK
@@ -146,16 +147,23 @@ def check(*, limits: dict[str, Thresholds] | None = None, clock: Clock | None = 
     report.skew_seconds = round(skew.total_seconds(), 6)
     report.problems.extend(check_skew(skew, chosen["skew"]))
     report.problems.extend(check_workers(now, chosen["skew"]))
+    report.problems.extend(check_replication())
     return report
 
 
+def check_replication() -> list[Problem]:
+    """A warning when a failover could lose a commit PostgreSQL acknowledged (durableruns.ops.replication)."""
+    risk = replication.risk_now()
+    return [] if risk is None else [Problem(check="replication", level=Level.WARNING, message=risk)]
+
+
 def check_workers(now: datetime, skew_limits: Thresholds) -> list[Problem]:
-    """Live workers (reported within LIVE_WITHIN, not stopped) that poll because their listener was lost (a
-    warning: runs are picked up at the poll interval, not at once), and those whose clock is off by the skew
-    thresholds (as they measured it against the database)."""
+    """Live workers (reported within LIVE_WITHIN, not stopped) that poll because their listener was lost or no
+    notification reaches it (a pooler in between: a warning, runs are picked up at the poll interval, not at once),
+    and those whose clock is off by the skew thresholds (as they measured it against the database)."""
     live = list(WorkerPresence.objects.filter(stopped_at__isnull=True, seen_at__gte=now - LIVE_WITHIN))
     problems = []
-    lost = [w for w in live if w.pickup.startswith("polling (listener lost")]
+    lost = [w for w in live if w.pickup.startswith(("polling (listener lost", "polling (notifications do not"))]
     if lost:
         named = ", ".join(f"{w.name} ({w.pickup})" for w in lost)
         problems.append(

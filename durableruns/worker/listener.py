@@ -6,19 +6,31 @@ that comes due later (a wake time, a lease that runs out) is met by a timer: an 
 when the next one is due and waits no longer than that. Polling stays as the fallback and the safety net: the
 listener runs on a dedicated connection of its own, and if that connection is lost (PostgreSQL restarted) the
 workers poll at their interval meanwhile, it says so once in the log, and listens again as soon as it can.
+
+A LISTEN that nothing reaches is worse than none: a transaction pooler (PgBouncer in transaction mode) accepts it,
+then hands its server connection to other clients, and the worker would say it listens while it polls. So each
+time it starts listening, the listener sends a NOTIFY of its own on a private channel through the runs' own
+database alias (the way every real notification comes) and waits PROBE_SECONDS for it on the listening
+connection. If it does not come back, the worker polls and says so once, in its start line, its summary and its
+presence row; DURABLERUNS_LISTEN_DATABASE names an alias that reaches PostgreSQL directly, for the LISTEN alone.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from durableruns import conf
 from durableruns.pgsql import NEXT_DUE, next_due_from_last_claim
 from durableruns.pgsql import WAKE_CHANNEL as CHANNEL
 from durableruns.worker.background import Background
+
+if TYPE_CHECKING:
+    import psycopg
 from durableruns.worker.pool import Waker
 
 log = logging.getLogger("durableruns")
@@ -42,38 +54,57 @@ def seconds_until_next_due() -> float | None:
 
 
 class Listener(Background):
-    """LISTEN on the channel from a thread and a connection of its own; wake `waker` on every notification."""
+    """LISTEN on the channel from a thread and a connection of its own (on `alias`, DURABLERUNS_LISTEN_DATABASE by
+    default); wake `waker` on every notification. `settled` is set once the first attempt has an answer: listening
+    (a notification of its own came back), deaf (none did: polling for good), or lost (polling meanwhile)."""
 
     RETRY_SECONDS = 1.0  # how soon a lost listener tries to listen again
+    PROBE_SECONDS = 2.0  # how long its own notification may take to come back before the worker calls itself deaf
 
     thread_name = "durableruns-listener"
 
-    def __init__(self, waker: Waker) -> None:
+    def __init__(self, waker: Waker, *, alias: str | None = None) -> None:
         super().__init__()
         self.waker = waker
+        self.alias = alias or conf.listen_database()
         self.listening = threading.Event()
+        self.settled = threading.Event()
         self.lost_since: str | None = None  # why it is polling, while it is
+        self.deaf: str | None = None  # why it polls for good: notifications do not reach its LISTEN
         self.notifications = 0
-        self._params = _connection_params()
+        self._params = _connection_params(self.alias)
+        self._notify_params = _connection_params(DEFAULT_DB_ALIAS)  # the route every real notification takes
 
     @property
     def state(self) -> str:
         if self.listening.is_set():
-            return f"listening on {CHANNEL}"
+            where = "" if self.alias == DEFAULT_DB_ALIAS else f" (database alias {self.alias!r})"
+            return f"listening on {CHANNEL}{where}"
+        if self.deaf is not None:
+            return f"polling (notifications do not arrive: {self.deaf})"
         return f"polling (listener lost: {self.lost_since})" if self.lost_since else "polling (not listening yet)"
 
     def _run(self) -> None:
         import psycopg  # here: a SQLite-only site (no [postgres] extra) imports this module, and never listens
 
-        while not self._stopped.is_set():
+        while not self._stopped.is_set() and self.deaf is None:
             try:
                 with psycopg.connect(**self._params, autocommit=True) as conn:
+                    if not self._heard_itself(conn):
+                        self.deaf = (
+                            f"a NOTIFY of its own through database alias {DEFAULT_DB_ALIAS!r} did not reach its LISTEN "
+                            f"on alias {self.alias!r} within {self.PROBE_SECONDS:g}s, as behind a transaction pooler; "
+                            f"set DURABLERUNS_LISTEN_DATABASE to an alias that connects to PostgreSQL directly"
+                        )
+                        log.warning("listener: notifications do not arrive (%s): polling", self.deaf)
+                        break
                     conn.execute(f"LISTEN {CHANNEL}")
                     if self.lost_since is not None:
                         log.warning("listener: listening on %s again", CHANNEL)
                     self.lost_since = None
                     self.listening.set()
                     self.waker.hearing = True
+                    self.settled.set()
                     self.waker.wake()  # what came due while nobody listened is picked up now
                     while not self._stopped.is_set():
                         for _ in conn.notifies(timeout=0.5):
@@ -88,15 +119,33 @@ class Listener(Background):
                     log.warning("listener lost (%s): polling until it is back", reason)
                 self.listening.clear()
                 self.lost_since = reason
+                self.settled.set()
                 self._stopped.wait(self.RETRY_SECONDS)
         self.waker.hearing = False
         self.listening.clear()
+        self.settled.set()
+
+    def _heard_itself(self, conn: psycopg.Connection[Any]) -> bool:
+        """Send a NOTIFY on a channel of this listener's own, through the runs' alias, and say whether it reached
+        `conn` within PROBE_SECONDS. The work channel is listened to after it: the wake that follows finds
+        whatever came due meanwhile."""
+        probe = f"durableruns_probe_{secrets.token_hex(8)}"
+        conn.execute(f"LISTEN {probe}")
+        import psycopg  # here, as in _run: a SQLite-only site never listens
+
+        with psycopg.connect(**self._notify_params, autocommit=True) as sender:
+            sender.execute(f"NOTIFY {probe}")
+        heard = any(True for _ in conn.notifies(timeout=self.PROBE_SECONDS, stop_after=1))
+        conn.execute(f"UNLISTEN {probe}")
+        return heard
 
 
-def _connection_params() -> dict[str, Any]:
-    """What Django would connect with (host, credentials, the site's OPTIONS, durableruns' timeouts), for a plain
-    psycopg connection outside Django's per-thread handling."""
-    params = dict(connections[DEFAULT_DB_ALIAS].get_connection_params())
+def _connection_params(alias: str) -> dict[str, Any]:
+    """What Django would connect `alias` with (host, credentials, the site's OPTIONS, durableruns' timeouts), for
+    a plain psycopg connection outside Django's per-thread handling, which prepares nothing (a pooler may sit
+    between)."""
+    params = dict(connections[alias].get_connection_params())
     for django_only in ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool"):
         params.pop(django_only, None)
+    params["prepare_threshold"] = None
     return params

@@ -7,9 +7,12 @@ them whatever the capture mode.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+from django.db import connection
+
+from tests.faults.pgbouncer import PgBouncer, pgbouncer
 
 # Totals per title ("crash matrix", "soak"), summed over the tests that reported them.
 FAULT_COUNTS: dict[str, dict[str, int]] = {}
@@ -36,3 +39,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("durableruns under faults")
         for title, totals in FAULT_COUNTS.items():
             terminalreporter.write_line(f"{title}: " + ", ".join(f"{n} {name}" for name, n in totals.items()))
+
+
+@pytest.fixture
+def bouncer() -> Iterator[PgBouncer]:
+    """PgBouncer in transaction pooling in front of this test's database, with 3 server connections."""
+    s = connection.settings_dict
+    with pgbouncer(host=s["HOST"] or "127.0.0.1", port=int(s["PORT"] or 5432), database=s["NAME"]) as running:
+        yield running

@@ -112,3 +112,24 @@ def site_env(pg: PrivatePostgres, **extra: str) -> dict[str, str]:
 def manage(pg: PrivatePostgres, *args: str, **extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "manage.py", *args], cwd=ROOT, env=site_env(pg, **extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextmanager
+def private_standby(primary: PrivatePostgres, *, name: str = "standby1") -> Iterator[PrivatePostgres]:
+    """A streaming standby of `primary`, made with pg_basebackup (-R: it follows the primary), whose walreceiver
+    reports itself as `name` (its cluster_name: what synchronous_standby_names names); stopped and removed
+    afterwards whatever happens."""
+    folder = Path(tempfile.mkdtemp(prefix="durableruns-standby-"))
+    shutil.chown(folder, "postgres", "postgres")
+    standby = PrivatePostgres(folder=folder, port=free_port())
+    try:
+        as_postgres(str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                    "-D", str(standby.data), "-R", "-X", "stream", "-c", "fast", "--no-sync")
+        standby.pg_ctl("-o", f"-p {standby.port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off "
+                             f"-c cluster_name={name}", "-w", "start")
+        yield standby
+    finally:
+        if (standby.data / "postmaster.pid").exists():
+            subprocess.run(["runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D", str(standby.data),
+                            "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -30,6 +30,7 @@ from durableruns.models import Escalation, Intervention, RunState, RunStatus, Ru
 from project.purchasing.far import FarSystems
 from tests.conftest import Workers
 from tests.faults.conftest import Report
+from tests.faults.pgbouncer import PgBouncer
 from tests.faults.support import (
     LOOP_EVERY,
     PLAN,
@@ -118,10 +119,38 @@ def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
 ) -> None:
     base = 100 + 10 * list(POINTS).index(step)
     cases = [Case(n=base + i, step=step, point=point) for i, point in enumerate(POINTS[step])]
+    counts = kill_and_settle(cases, concurrency=concurrency, far=far, workers=workers, folder=tmp_path)
+    fault_report(f"crash matrix with {concurrency} thread(s) per worker", counts)
+
+
+# The core of the matrix through PgBouncer: every policy, each killed after its intent and after its effect (the
+# quote, which has no far effect, mid-loop instead).
+CORE = {"quote": ("after_intent", "loop:173"), "charge": ("after_intent", "after_effect"),
+        "notify_buyer": ("after_intent", "after_effect")}
+
+
+def test_through_pgbouncer_a_killed_worker_loses_nothing_and_does_nothing_twice(
+    far: FarSystems, workers: Workers, bouncer: PgBouncer, tmp_path: Path, fault_report: Report
+) -> None:
+    """Every worker reaches the database through PgBouncer in transaction pooling, with durableruns' defaults
+    (prepared statements on, the LISTEN on the runs' alias): nothing prepared breaks, and the record holds."""
+    cases = [Case(n=500 + 10 * i + j, step=step, point=point)
+             for i, (step, points) in enumerate(CORE.items()) for j, point in enumerate(points)]
+    counts = kill_and_settle(cases, concurrency=4, far=far, workers=workers, folder=tmp_path,
+                             route={"DATABASE_URL": bouncer.url})
+    assert "prepared statement" not in bouncer.log()
+    fault_report("crash matrix through PgBouncer", counts)
+
+
+def kill_and_settle(cases: list[Case], *, concurrency: int, far: FarSystems, workers: Workers, folder: Path,
+                    route: dict[str, str] | None = None) -> dict[str, int]:
+    """Start each case's run, kill a worker at its point, settle and decide, and check that nothing was lost or
+    done twice; return the counts. `route` (DATABASE_URL) is how the workers reach the database."""
+    tmp_path = folder
     for case in cases:
         start_purchase(case.run_id, case.n, lines=LINES)
     probe = Probe(tmp_path / "probe.log")
-    env = dict(PO_ENV, **probe.env())
+    env = dict(PO_ENV, **probe.env(), **(route or {}))
 
     # 1. One worker per run, all at once, each armed to die at its point.
     crashers = {
@@ -199,9 +228,8 @@ def test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice(
     assert duplicates(far) == {}
     assert far.email.count() == len(cases)
     assert Escalation.objects.open().count() == 0
-    fault_report(f"crash matrix with {concurrency} thread(s) per worker", {
-        "cases": len(cases), "kills": len(crashers), "runs": len(cases), "effects": total_effects(far),
-        "duplicates": sum(map(len, duplicates(far).values()))})
+    return {"cases": len(cases), "kills": len(crashers), "runs": len(cases), "effects": total_effects(far),
+            "duplicates": sum(map(len, duplicates(far).values()))}
 
 
 RELEASE = "reserve_stock:release"

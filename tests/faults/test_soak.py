@@ -25,6 +25,7 @@ from durableruns.models import Escalation, RunState, RunStatus, RunStep
 from project.purchasing.far import FarSystems
 from tests.conftest import Workers, wait_until
 from tests.faults.conftest import Report
+from tests.faults.pgbouncer import PgBouncer
 from tests.faults.support import (
     ACTIVE,
     PLAN,
@@ -84,7 +85,26 @@ def cancel_some(run_ids: list[str]) -> int:
 def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
     concurrency: int, far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
 ) -> None:
-    run_ids = [start_purchase(f"PO-soak-{i:03d}", 1000 + i, lines=LINES) for i in range(RUNS)]
+    counts = soak(RUNS, KILLING_FOR, concurrency=concurrency, far=far, workers=workers, folder=tmp_path)
+    fault_report(f"soak with {concurrency} thread(s) per worker", counts)
+
+
+def test_a_short_soak_through_pgbouncer_leaves_one_effect_per_key(
+    far: FarSystems, workers: Workers, bouncer: PgBouncer, tmp_path: Path, fault_report: Report
+) -> None:
+    """The same soak, shorter, with every worker reaching the database through PgBouncer in transaction pooling."""
+    counts = soak(40, 30.0, concurrency=4, far=far, workers=workers, folder=tmp_path,
+                  route={"DATABASE_URL": bouncer.url})
+    assert "prepared statement" not in bouncer.log()
+    fault_report("soak through PgBouncer", counts)
+
+
+def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, workers: Workers, folder: Path,
+         route: dict[str, str] | None = None) -> dict[str, int]:
+    """Start `runs` orders, kill two workers at random for up to `killing_for` seconds, let the survivors finish,
+    and check the record and the ledgers; return the counts. `route` (DATABASE_URL): how the workers connect."""
+    tmp_path = folder
+    run_ids = [start_purchase(f"PO-soak-{i:03d}", 1000 + i, lines=LINES) for i in range(runs)]
     rng = random.Random(20260808)
     generation = 0
 
@@ -93,13 +113,13 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
         generation += 1
         # -v 2: idle passes print their summary too, which is how the test knows the worker is up
         return spawn(workers, tmp_path, f"soak-{slot}-{generation}", "--loop", "--interval", "0.1",
-                     "--lease", "1", "-v", "2", "--concurrency", str(concurrency), **SOAK_ENV)
+                     "--lease", "1", "-v", "2", "--concurrency", str(concurrency), **SOAK_ENV, **(route or {}))
 
     slots = {"A": launch("A"), "B": launch("B")}
     kills = abandoned = cancelled = 0
     began = time.monotonic()
-    cancel_at = KILLING_FOR / 30
-    while active() and time.monotonic() - began < KILLING_FOR:
+    cancel_at = killing_for / 30
+    while active() and time.monotonic() - began < killing_for:
         abandoned += abandon_waiting()
         if cancel_at is not None and time.monotonic() - began >= cancel_at:
             cancelled, cancel_at = cancel_some(run_ids), None
@@ -129,7 +149,7 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
 
     # Every run completed, or was cancelled or abandoned by staff and gave back what it held; nobody waits.
     status = Counter(RunState.objects.values_list("status", flat=True))
-    assert set(status) <= SETTLED and sum(status.values()) == RUNS, status
+    assert set(status) <= SETTLED and sum(status.values()) == runs, status
     unfinished = set(RunState.objects.filter(status=RunStatus.CANCELLED).values_list("run_id", flat=True))
     finished = [run_id for run_id in run_ids if run_id not in unfinished]
     assert Escalation.objects.open().count() == 0
@@ -186,9 +206,8 @@ def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
     by_lookup = RunStep.objects.filter(resolution="lookup").count()
     assert kills >= 10 and left_in_doubt + by_lookup > 0
     assert cancelled > 0 and len(unfinished) == cancelled + abandoned, (cancelled, abandoned, len(unfinished))
-    fault_report(f"soak with {concurrency} thread(s) per worker", {
-                          "runs": RUNS, "kills": kills, "effects": total_effects(far),
-                          "duplicates": sum(map(len, duplicates(far).values())),
-                          "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
-                          "cancelled": cancelled, "abandoned": abandoned, "reservations released": len(releases),
-                          "holds leaked": len(leaked(far, unfinished))})
+    return {"runs": runs, "kills": kills, "effects": total_effects(far),
+            "duplicates": sum(map(len, duplicates(far).values())),
+            "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
+            "cancelled": cancelled, "abandoned": abandoned, "reservations released": len(releases),
+            "holds leaked": len(leaked(far, unfinished))}

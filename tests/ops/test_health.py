@@ -228,6 +228,10 @@ def test_live_workers_that_fell_back_to_polling_or_whose_clock_is_off_are_named(
     worker("host-d:4", pickup="polling (listener lost: gone)", stopped=True)  # stopped: not live
     status, out = health()
     assert status == 1 and "WARNING listener: 1 worker(s) fell back to polling: host-b:2" in out, out
+    worker("host-f:6", pickup="polling (notifications do not arrive: behind a transaction pooler)")
+    status, out = health()
+    assert status == 1 and "WARNING listener: 2 worker(s) fell back to polling: " in out, out
+    assert "host-b:2 (polling (listener lost" in out and "host-f:6 (polling (notifications do not arrive" in out
     worker("host-e:5", pickup="listening on durableruns_due", skew=120.0)
     status, out = health()
     assert status == 2 and "CRITICAL skew: worker host-e:5's clock is 120.0s ahead of the database's" in out, out

@@ -14,7 +14,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 from durableruns import checks, conf, connections, services
 from durableruns.clock import host_skew, on_postgresql
 from durableruns.engine import RunOutcome
-from durableruns.ops import metrics
+from durableruns.ops import metrics, replication
 from durableruns.worker.pool import Stopping, Waker
 
 
@@ -86,6 +86,7 @@ class Command(BaseCommand):
         counters = metrics.serve_worker(metrics_port)  # None without --metrics-port
         try:
             self._check_skew(lease)
+            self._check_replication()
             report = services.resume_due(
                 limit=limit, owner=owner, lease_seconds=lease, run_id=run_id, max_seconds=max_seconds,
                 on_outcome=counters.observing(self._line) if counters else self._line,
@@ -122,6 +123,12 @@ class Command(BaseCommand):
                 f"warning: this host's clock is {abs(skew):.1f}s {side} the database's (more than a third of the "
                 f"{lease:g}s lease). durableruns takes every lease and wake time from the database's clock, so "
                 f"runs stay safe, but check this host's time synchronisation (NTP).")
+
+    def _check_replication(self) -> None:
+        """Warn when a failover could lose a commit PostgreSQL acknowledged (asynchronous standbys)."""
+        risk = replication.risk_now()
+        if risk is not None:
+            self.stderr.write(f"warning: {risk}")
 
     def _line(self, outcome: RunOutcome) -> None:
         self.stdout.write(f"{outcome.run_id}: {outcome.status} - {outcome.detail}")
