@@ -19,6 +19,7 @@ class Zone(enum.StrEnum):
     DONE = "done"
     IN_DOUBT = "in_doubt"
     FAILED = "failed"
+    WAITING = "waiting"  # a wait step begun: a sleep, a wait for an event, an approval (durableruns.waits)
     NOT_STARTED = "not_started"
 
 
@@ -66,6 +67,8 @@ class Boundary:
             return Zone.IN_DOUBT
         if step in self.failed:
             return Zone.FAILED
+        if step in self.waiting:
+            return Zone.WAITING
         return Zone.NOT_STARTED
 
     def sentence(self, tz: tzinfo | None = None) -> str:

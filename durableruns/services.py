@@ -365,6 +365,16 @@ def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: 
 APPROVAL_OUTCOMES = ("approve", "reject")
 
 
+def open_approvals() -> list[RunStep]:
+    """The approval queue: undecided approvals runs wait at, oldest first, each with its run and its attempts."""
+    return list(RunStep.objects.open_approvals().select_related("run").prefetch_related("run__attempts"))
+
+
+def wait_steps() -> list[tuple[str, str]]:
+    """(step, kind) of every wait step this deploy's workflows declare, sorted: what runs can wait for."""
+    return sorted({(s.name, s.kind) for wf in workflows().values() for s in wf.steps if s.wait is not None})
+
+
 def decide_approval(run_id: str, step: str, *, approved: bool, by: Any, note: str, result: Any = None
                     ) -> Intervention:
     """Approve or reject the approval `step` the run waits at, once (errors.AlreadyDecided after), recording who,

@@ -128,7 +128,13 @@ def _begin(wait: Wait, step: str, facts: Facts) -> Next:
                 resolution="timer",
                 reason=f"{step}: its wake time {iso(until)} has passed already",
             )
-        return Next(fresh=True, move=Move.BEGIN, until=until, detail={"until": iso(until)}, reason=f"{step}: sleeping")
+        return Next(
+            fresh=True,
+            move=Move.BEGIN,
+            until=until,
+            detail={"until": iso(until), "kind": wait.kind.value},
+            reason=f"{step}: sleeping",
+        )
     if wait.kind is Kind.WAIT_FOR and facts.event is not None:
         return Next(
             fresh=True,
@@ -139,7 +145,7 @@ def _begin(wait: Wait, step: str, facts: Facts) -> Next:
             reason=f"{step}: event {wait.event!r} was sent before the run got here",
         )
     until = facts.now + wait.timeout if wait.timeout is not None else None
-    detail: dict[str, Any] = {"until": iso(until) if until else None}
+    detail: dict[str, Any] = {"until": iso(until) if until else None, "kind": wait.kind.value}
     if wait.kind is Kind.WAIT_FOR:
         detail["event"] = wait.event
     return Next(fresh=True, move=Move.BEGIN, until=until, detail=detail, reason=f"{step}: waiting")

@@ -338,3 +338,19 @@ def test_fifty_sleeping_runs_do_not_keep_one_worker_thread_from_a_new_run(worker
     assert asleep.filter(status=RunStatus.WAITING, lease_expires_at__isnull=True).count() == 50
     assert not RunStep.objects.filter(run_id__in=sleeping, step="woke").exists()
     assert worker.poll() is None
+
+
+def test_show_run_says_what_the_run_waits_for_and_lists_its_events():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    run_id = durableruns.start("waits_continue", {})
+    resume()
+    durableruns.send(run_id, "stray", {"x": 1}, key="k-1")
+    out = StringIO()
+    call_command("show_run", run_id, stdout=out)
+    text = out.getvalue()
+    assert "waiting for signal since" in text and "(times out" in text
+    assert "stray" in text and "key=k-1" in text and "kept: no wait has consumed it" in text
+    assert "signal               waiting" in text  # the boundary's zone of the begun wait

@@ -103,8 +103,9 @@ def test_next_move(wait, facts, move, until, result, fresh):
 
 def test_a_begun_wait_records_what_it_waits_for_and_until_when():
     got = next_move(FOR, "w", Facts(now=T0))
-    assert got.detail == {"until": (T0 + HOUR).isoformat(), "event": "go"}
-    assert next_move(SLEEP, "w", Facts(now=T0, asked=HOUR)).detail == {"until": (T0 + HOUR).isoformat()}
+    assert got.detail == {"until": (T0 + HOUR).isoformat(), "event": "go", "kind": "wait_for"}
+    slept = next_move(SLEEP, "w", Facts(now=T0, asked=HOUR)).detail
+    assert slept == {"until": (T0 + HOUR).isoformat(), "kind": "sleep"}
 
 
 def test_an_event_consumed_is_named_and_a_timeout_reason_names_the_wait():
