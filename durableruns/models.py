@@ -88,6 +88,11 @@ class RunState(models.Model):
             # already indexed, so this adds no cost to a step's write.
             models.Index(fields=["workflow"], name="run_state_stopped_idx", condition=Q(status="needs_decision")),
             models.Index(fields=["-created_at"], name="run_state_created_idx"),
+            # The claim's two probes (pgsql._CLAIM): the oldest pending (or abandoned) run, and the waiting runs
+            # whose wake time has come, so that any number of runs asleep costs a claim nothing (issue 22).
+            models.Index(fields=["created_at"], name="run_state_ready_idx",
+                         condition=Q(status__in=["pending", "running"])),
+            models.Index(fields=["wake_at"], name="run_state_wake_idx", condition=Q(status="waiting")),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),

@@ -47,14 +47,22 @@ WITH claimed AS (
   UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s
    WHERE run_id = (
-         SELECT run_id FROM run_state
-          WHERE status IN ('pending', 'running', 'waiting')
-            AND (status = 'pending'
-                 OR (status = 'running' AND lease_expires_at < now() + %(shift)s)
-                 OR (status = 'waiting' AND wake_at <= now() + %(shift)s))
-          ORDER BY created_at
-          LIMIT 1
-            FOR UPDATE SKIP LOCKED)
+         -- The oldest due run of two probes: the oldest pending (or abandoned) run, walking run_state_ready_idx,
+         -- and the waiting run whose wake time came first, walking run_state_wake_idx; runs asleep (issue 22: any
+         -- number, holding nothing) are never walked past. Each probe locks at most one row, skipping locked ones.
+         WITH ready AS MATERIALIZED (
+           SELECT run_id, created_at FROM run_state
+            WHERE status IN ('pending', 'running')
+              AND (status = 'pending' OR lease_expires_at < now() + %(shift)s)
+            ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+         woken AS MATERIALIZED (
+           SELECT run_id, created_at FROM run_state
+            WHERE status = 'waiting' AND wake_at <= now() + %(shift)s
+            ORDER BY wake_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+         -- the older of the two, compared without a sort (a sort under the claim's enable_sort = off would cost
+         -- the plan so much that PostgreSQL compiled it with JIT, seconds per claim)
+         SELECT coalesce(CASE WHEN w.created_at < r.created_at THEN w.run_id END, r.run_id, w.run_id)
+           FROM (VALUES (1)) AS one LEFT JOIN ready r ON true LEFT JOIN woken w ON true)
   RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at),
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
@@ -85,11 +93,11 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        -- notifies on its own
        CASE WHEN c.run_id IS NOT NULL AND %(hints)s THEN EXISTS (
          SELECT 1 FROM run_state o
-          WHERE o.status IN ('pending', 'running', 'waiting') AND o.created_at >= c.created_at
-            AND o.run_id <> c.run_id
-            AND (o.status = 'pending'
-                 OR (o.status = 'running' AND o.lease_expires_at < now() + %(shift)s)
-                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s))) END
+          WHERE o.status IN ('pending', 'running') AND o.created_at >= c.created_at AND o.run_id <> c.run_id
+            AND (o.status = 'pending' OR o.lease_expires_at < now() + %(shift)s)) OR EXISTS (
+         SELECT 1 FROM run_state o
+          WHERE o.status = 'waiting' AND o.wake_at <= now() + %(shift)s AND o.created_at >= c.created_at
+            AND o.run_id <> c.run_id) END
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
 

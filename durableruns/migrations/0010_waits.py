@@ -11,13 +11,34 @@ _INDEX = ("CREATE UNIQUE INDEX {concurrently} IF NOT EXISTS run_intervention_one
           "(run_id, step, attempt) WHERE action IN ('approve', 'reject')")
 
 
+# The claim's two probes on run_state (pgsql._CLAIM), built CONCURRENTLY too: run_state is the busiest table.
+_CLAIM_INDEXES = (
+    "CREATE INDEX {concurrently} IF NOT EXISTS run_state_ready_idx ON run_state (created_at) "
+    "WHERE status IN ('pending', 'running')",
+    "CREATE INDEX {concurrently} IF NOT EXISTS run_state_wake_idx ON run_state (wake_at) WHERE status = 'waiting'",
+)
+
+
+def _concurrently(schema_editor):
+    return "CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
+
+
 def _add_index(apps, schema_editor):
-    concurrently = "CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
-    schema_editor.execute(_INDEX.format(concurrently=concurrently))
+    schema_editor.execute(_INDEX.format(concurrently=_concurrently(schema_editor)))
 
 
 def _drop_index(apps, schema_editor):
     schema_editor.execute("DROP INDEX IF EXISTS run_intervention_one_approval")
+
+
+def _add_claim_indexes(apps, schema_editor):
+    for statement in _CLAIM_INDEXES:
+        schema_editor.execute(statement.format(concurrently=_concurrently(schema_editor)))
+
+
+def _drop_claim_indexes(apps, schema_editor):
+    for name in ("run_state_ready_idx", "run_state_wake_idx"):
+        schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
 
 
 class Migration(migrations.Migration):
@@ -71,6 +92,19 @@ class Migration(migrations.Migration):
                 ),
             ],
             database_operations=[migrations.RunPython(_add_index, _drop_index)],
+        ),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AddIndex(
+                    model_name='runstate',
+                    index=models.Index(condition=models.Q(('status__in', ['pending', 'running'])), fields=['created_at'], name='run_state_ready_idx'),
+                ),
+                migrations.AddIndex(
+                    model_name='runstate',
+                    index=models.Index(condition=models.Q(('status', 'waiting')), fields=['wake_at'], name='run_state_wake_idx'),
+                ),
+            ],
+            database_operations=[migrations.RunPython(_add_claim_indexes, _drop_claim_indexes)],
         ),
         migrations.AddField(
             model_name='runevent',
