@@ -388,7 +388,7 @@ class Engine:
         decision, staff, escalation_open = None, "", False
         if begun is not None and wait.kind is waits.Kind.APPROVAL:
             decision = _approval(state.run_id, step.name, begun.attempt)
-        if begun is not None and wait.kind is waits.Kind.WAIT_FOR:
+        if begun is not None and wait.kind is waits.Kind.WAIT_FOR and wait.on_timeout is waits.OnTimeout.ESCALATE:
             escalation = (Escalation.objects.for_attempt(state.run_id, step.name, begun.attempt)
                           .select_related("decision").first())
             if escalation is not None:
