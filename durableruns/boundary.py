@@ -141,8 +141,9 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
         parts.append(f"{step} in doubt since {_clock(since, tz)}" if since else f"{step} in doubt")
     for step in b.failed:
         parts.append(f"{step} failed (attempt {b.latest[step].attempt})")
-    for step, kind in b.waiting.items():
-        parts.append(_waiting(step, kind, b.latest[step], tz))
+    for step, kind in b.waiting.items():  # a run that ended meanwhile (cancelled) waits no more
+        ended = b.status in ("completed", "failed", "cancelled")
+        parts.append(f"{step} stopped waiting" if ended else _waiting(step, kind, b.latest[step], tz))
     if b.plan_known:
         parts.append(f"{_count(len(b.remainder))} remaining")
     else:

@@ -143,6 +143,9 @@ def test_a_begun_wait_is_waiting_not_in_doubt_and_the_sentence_says_for_what_and
     assert slept.sentence(UTC) == "0 steps complete, w sleeping until 2026-12-02 15:07, 1 step remaining"
     asked = compute_boundary(("w",), [begun(None)], waits={"w": "approval"})
     assert asked.sentence(UTC) == "0 steps complete, waiting for approval w since 14:07, 1 step remaining"
+    from dataclasses import replace
+
+    assert replace(asked, status="cancelled").sentence(UTC) == "0 steps complete, w stopped waiting, 1 step remaining"
     # without the plan's kinds a started row is in doubt, as before
     assert compute_boundary(("w",), [begun(None)]).in_doubt == ["w"]
 
