@@ -6,7 +6,7 @@ N completed runs and one completed attempt each, generated once in SQL with gene
 later runs (checked by count and by a signature of the public tables' definitions). Each round then
 records a few hundred pending runs and times store.claim, the engine's own claim (one UPDATE ... WHERE run_id =
 (SELECT ... FOR UPDATE SKIP LOCKED)), with Django's connection pointed at the level's schema. The plan of
-that exact statement, as the engine sent it, is shown with EXPLAIN: the partial index run_state_active_idx
+that exact statement, as the engine sent it, is shown with EXPLAIN: the partial index run_state_ready_idx
 holds only runs a worker may still take, so the finished ones are never read.
 """
 
@@ -27,7 +27,7 @@ from bench.workflows import NOOP_STEPS, noop9
 from durableruns import store
 
 TABLES = ("run_state", "run_step")
-INDEX = "run_state_active_idx"
+INDEX = "run_state_ready_idx"  # the claim's probe of ready runs (pending, or abandoned)
 OWNER = "bench-claimer"
 ACTIVE = "status IN ('pending', 'running', 'waiting')"  # the partial index's predicate: deletes stay cheap too
 

@@ -68,7 +68,7 @@ def targets(figures: dict[str, Any]) -> list[Target]:
         found.append(Target(name=f"claim cost flat from 0 to {int(largest):,} finished runs (largest / empty <= 1.5"
                                  ", partial index used)",
                             measured=flat["ratio"], limit=1.5, at_most=True, holds=indexed,
-                            detail=_ratio_text(flat) + ("" if indexed else "; run_state_active_idx NOT used")))
+                            detail=_ratio_text(flat) + ("" if indexed else "; run_state_ready_idx NOT used")))
     recovery = figures.get("recovery")
     if recovery:
         found.append(Target(name="recovery (1 worker) <= 1/3 of DBOS's time for the same case",
@@ -223,7 +223,7 @@ def _claims_md(c: dict[str, Any]) -> list[str]:
              "yes" if level["explain"]["uses_active_index"] else "no (seq scan of a small table)"
              if int(n) == 0 else "NO"] for n, level in levels.items()]
     largest = max(levels, key=int)
-    return table(["finished runs", "ms per claim (p10-p90)", "statements", "uses run_state_active_idx"], rows) + [
+    return table(["finished runs", "ms per claim (p10-p90)", "statements", "uses run_state_ready_idx"], rows) + [
         "", f"Largest / empty: {_ratio_text(c['largest_over_empty'])}. {c['params']['pending_per_round']} pending "
             f"runs claimed per round with {c['params']['claim']}; {c['params']['finished_rows']}.",
         "", f"EXPLAIN of the claim at {int(largest):,} finished runs:", "", "```",

@@ -9,6 +9,7 @@ Every step is re_executable: a no-op has no effect anywhere, so running it again
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,3 +124,13 @@ def quote_lines_at_once(ctx: Any) -> dict[str, Any]:
     lines = ctx.map(price, range(count), concurrency=int(ctx.input["concurrency"]), every=int(ctx.input["every"]))
     map_samples.append(time.perf_counter() - began)
     return {"lines": len(lines)}
+
+
+# Runs that wait (bench/waits.py): one that waits for an event, one that sleeps a while; each then one no-op step.
+wait_event = Workflow("bench_wait_event")
+wait_event.wait_for("go")
+wait_event.step(policy="re_executable")(_noop_step("after_event"))
+
+sleep_then = Workflow("bench_sleep_then")
+sleep_then.sleep("nap", lambda ctx: timedelta(milliseconds=float(ctx.input["ms"])))
+sleep_then.step(policy="re_executable")(_noop_step("after_nap"))

@@ -1,7 +1,8 @@
 """durableruns: multi-step business runs that resume from their own record after a crash.
 
-Declare a `Workflow`, start runs with `start`, let cron call `manage.py resume_runs`, read a run's recovery
-boundary with `boundary`, and let staff settle escalated steps with `decide`.
+Declare a `Workflow`, start runs with `start`, send them events with `send`, let cron call `manage.py
+resume_runs`, read a run's recovery boundary with `boundary`, and let staff settle escalated steps and approvals
+with `decide`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from durableruns.models import Intervention
     from durableruns.schedules import Schedule
 
-__all__ = ["Workflow", "Rejected", "start", "boundary", "decide", "adopt_plan", "schedule", "errors"]
+__all__ = ["Workflow", "Rejected", "start", "send", "boundary", "decide", "adopt_plan", "schedule", "errors"]
 
 __version__ = "0.2.0"
 
@@ -32,6 +33,14 @@ def start(workflow_name: str, input: Any, run_id: str | None = None, *, priority
     return services.start_run(workflow_name, input, run_id=run_id, priority=priority)
 
 
+def send(run_id: str, event: str, payload: dict[str, Any] | None = None, *, key: str | None = None) -> bool:
+    """Record an event for a run (a JSON object; None is {}); False when the run has an event with `key` already.
+    A wait for it consumes it, the oldest first; inside the caller's transaction it is part of their commit."""
+    from durableruns import services
+
+    return services.send_event(run_id, event, payload, key=key)
+
+
 def boundary(run_id: str) -> Boundary:
     """Return the run's recovery boundary: `.done`, `.in_doubt`, `.remainder`, `.status`; str() says it."""
     from durableruns import services
@@ -40,7 +49,8 @@ def boundary(run_id: str) -> Boundary:
 
 
 def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: Any = None) -> Intervention:
-    """Decide an escalated step: 'happened', 'did_not_happen' or 'abandon'; applies once, recorded."""
+    """Decide an escalated step: 'happened', 'did_not_happen' or 'abandon'; or an approval: 'approve' or 'reject'.
+    Applies once, recorded with who, when and why."""
     from durableruns import services
 
     return services.decide(run_id, step, outcome, by=by, note=note, result=result)

@@ -26,7 +26,7 @@ from django.db.models import F, QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
@@ -68,6 +68,7 @@ ZONE_BADGES: dict[Zone, tuple[str, str]] = {
     Zone.DONE: ("done", "ok"),
     Zone.IN_DOUBT: ("in doubt", "alert"),
     Zone.FAILED: ("failed", "bad"),
+    Zone.WAITING: ("waiting", "warn"),
     Zone.NOT_STARTED: ("remaining", "muted"),
 }
 ATTEMPT_BADGES: dict[str, tuple[str, str]] = {
@@ -186,6 +187,11 @@ def zone_detail(zone: Zone, latest: StepAttempt | None) -> str:
     if zone is Zone.FAILED and latest is not None:
         error = (latest.error.strip().splitlines() or [""])[-1]
         return f"failed at {when(latest.finished_at)} (attempt {latest.attempt}): {Truncator(error).chars(160)}"
+    if zone is Zone.WAITING and latest is not None:
+        until = (latest.progress or {}).get("until")
+        what = f" for event {latest.progress['event']!r}" if (latest.progress or {}).get("event") else ""
+        deadline = f", until {when(datetime.fromisoformat(until))}" if isinstance(until, str) else ""
+        return f"waiting{what} since {when(latest.started_at)}{deadline} (attempt {latest.attempt})"
     return "remaining: not started"
 
 
@@ -377,13 +383,37 @@ class PlanFilter(admin.SimpleListFilter):
         return queryset
 
 
+class WaitingForFilter(admin.SimpleListFilter):
+    """Runs waiting at a wait step (a sleep, a wait for an event, an approval), by the step's name."""
+
+    title = "waiting for"
+    parameter_name = "waiting_for"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, f"{name} ({kind})") for name, kind in services.wait_steps()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return cast(RunStateQuerySet, queryset).waiting_for(value) if value else queryset
+
+
+class ApprovalForm(forms.Form):
+    """Approve or reject one approval (the button pressed), with a required note."""
+
+    run_id = forms.CharField(widget=forms.HiddenInput)
+    step = forms.CharField(widget=forms.HiddenInput)
+    outcome = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 2, "cols": 50}),
+                           help_text="Why: recorded with your name and the time.")
+
+
 @admin.register(RunState)
 class RunStateAdmin(ReadOnlyRecord):
     """Runs, newest first, each with the sentence that says where it stands; read-only, two confirmed actions."""
 
     list_display = ("run_id", "workflow", "status_badge", "where_it_stands", "owner", "lease_expires_at", "age",
                     "wake_at")
-    list_filter = ("status", "workflow", PlanFilter)
+    list_filter = ("status", "workflow", PlanFilter, WaitingForFilter)
     search_fields = ("run_id",)
     search_help_text = "A run id (or part of one), or an exact effect key such as <run id>:charge."
     ordering = ("-created_at",)
@@ -406,6 +436,57 @@ class RunStateAdmin(ReadOnlyRecord):
 
     def has_adopt_plan_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durableruns.adopt_plan")
+
+    def has_decide_approval_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durableruns.decide_approval")
+
+    def get_urls(self) -> list[Any]:
+        approvals = path("approvals/", self.admin_site.admin_view(self.approvals_view),
+                         name="durableruns_approvals")
+        return [approvals, *super().get_urls()]
+
+    # -- the approval queue: runs waiting for a person's yes or no, beside the escalation queue
+
+    @transaction.non_atomic_requests  # a decision is its own durable transaction
+    def approvals_view(self, request: HttpRequest) -> HttpResponse:
+        """The open approvals, oldest first, each with the run's input, its results so far and the approval's
+        doc; staff with durableruns.decide_approval approve or reject each (services.decide, recorded once)."""
+        can_decide = self.has_decide_approval_permission(request)
+        if not (self.has_view_permission(request) or can_decide):
+            raise PermissionDenied
+        if request.method == "POST":
+            if not can_decide:
+                raise PermissionDenied
+            form = ApprovalForm(request.POST)
+            if form.is_valid():
+                data = form.cleaned_data
+                try:
+                    services.decide(data["run_id"], data["step"], data["outcome"], by=request.user,
+                                    note=data["note"])
+                except DurableRunsError as exc:  # AlreadyDecided, ApprovalNotFound: nothing recorded
+                    self.message_user(request, f"Nothing was recorded: {exc}", messages.ERROR)
+                else:
+                    self.message_user(request, f"Recorded “{data['outcome']}” for {data['step']} of "
+                                               f"{data['run_id']}; the run goes on at once.", messages.SUCCESS)
+            else:
+                self.message_user(request, "Nothing was recorded: a note saying why is required.", messages.ERROR)
+            return HttpResponseRedirect(request.path)
+        rows = []
+        for attempt in services.open_approvals():
+            run = attempt.run
+            boundary = _boundary(run)
+            until = (attempt.progress or {}).get("until")
+            rows.append({
+                "run": run, "run_url": _run_url(run.run_id), "status": status_badge(run.status),
+                "step": attempt.step, "since": attempt.started_at, "sentence": _sentence(boundary),
+                "until": datetime.fromisoformat(until) if isinstance(until, str) else None,
+                "doc": inspect.cleandoc(services.step_doc(run, attempt.step)),
+                "input_json": pretty_json(run.input), "results": holds(boundary),
+                "form": ApprovalForm(initial={"run_id": run.run_id, "step": attempt.step}) if can_decide else None,
+            })
+        context = {**self.admin_site.each_context(request), "opts": self.opts, "title": "Approval queue",
+                   "subtitle": None, "approvals": rows, "can_decide": can_decide}
+        return TemplateResponse(request, "durableruns/admin/approval_queue.html", context)
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durableruns.cancel_run")
@@ -501,6 +582,9 @@ class RunStateAdmin(ReadOnlyRecord):
             "ending": run.ending,
             "escalations": escalations,
             "interventions": list(run.interventions.all()),
+            "events": [{"sent_at": e.sent_at, "event": e.event, "key": e.key, "json": pretty_json(e.payload),
+                        "consumed_at": e.consumed_at, "consumed_step": e.consumed_step,
+                        "consumed_attempt": e.consumed_attempt} for e in run.events.order_by("sent_at", "id")],
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
             # Staff who may not decide still read an escalation: the link says "read it", not "decide it".

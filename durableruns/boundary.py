@@ -19,6 +19,7 @@ class Zone(enum.StrEnum):
     DONE = "done"
     IN_DOUBT = "in_doubt"
     FAILED = "failed"
+    WAITING = "waiting"  # a wait step begun: a sleep, a wait for an event, an approval (durableruns.waits)
     NOT_STARTED = "not_started"
 
 
@@ -57,6 +58,8 @@ class Boundary:
     status: str | None = None
     # False when the run's plan is not recorded (durableruns.plans): the plan is only the steps ever attempted.
     plan_known: bool = True
+    # Wait steps (durableruns.waits) begun and not over, by name -> kind: waiting, not in doubt (nothing acted).
+    waiting: Mapping[str, str] = field(default_factory=dict)
 
     def zone(self, step: str) -> Zone:
         """Return the zone of one step of the plan."""
@@ -66,6 +69,8 @@ class Boundary:
             return Zone.IN_DOUBT
         if step in self.failed:
             return Zone.FAILED
+        if step in self.waiting:
+            return Zone.WAITING
         return Zone.NOT_STARTED
 
     def sentence(self, tz: tzinfo | None = None) -> str:
@@ -77,12 +82,18 @@ class Boundary:
 
 
 def compute_boundary(
-    plan: Sequence[str], attempts: Sequence[StepAttempt], *, given_back: Collection[str] = ()
+    plan: Sequence[str],
+    attempts: Sequence[StepAttempt],
+    *,
+    given_back: Collection[str] = (),
+    waits: Mapping[str, str] | None = None,
 ) -> Boundary:
     """Partition `plan` by the latest attempt of each step; attempts of steps not in the plan are ignored.
 
     `given_back` names acquisitions whose hold the run gave back (durableruns.holdings.given_back) while it goes
-    on: completed, but not done, since what they acquired is gone; they remain, to be acquired again."""
+    on: completed, but not done, since what they acquired is gone; they remain, to be acquired again. `waits`
+    names the plan's wait steps (name -> kind): a begun one is waiting, not in doubt."""
+    waits = waits or {}
     latest: dict[str, StepAttempt] = {}
     for a in attempts:
         seen = latest.get(a.step)
@@ -92,6 +103,7 @@ def compute_boundary(
     in_doubt: list[str] = []
     failed: list[str] = []
     remainder: list[str] = []
+    waiting: dict[str, str] = {}
     for step in plan:
         last = latest.get(step)
         if last is not None and last.status == "completed" and step not in given_back:
@@ -100,7 +112,9 @@ def compute_boundary(
         remainder.append(step)
         if last is None:
             continue
-        if last.status == "started":
+        if last.status == "started" and step in waits:
+            waiting[step] = waits[step]  # a wait begun: nothing acted, nothing in doubt
+        elif last.status == "started":
             in_doubt.append(step)  # intent recorded, outcome unknown
         elif last.status == "failed":
             failed.append(step)
@@ -111,6 +125,7 @@ def compute_boundary(
         failed=failed,
         remainder=remainder,
         latest={s: latest[s] for s in plan if s in latest},
+        waiting=waiting,
     )
 
 
@@ -128,6 +143,9 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
         parts.append(f"{step} in doubt since {_clock(since, tz)}" if since else f"{step} in doubt")
     for step in b.failed:
         parts.append(f"{step} failed (attempt {b.latest[step].attempt})")
+    for step, kind in b.waiting.items():  # a run that ended meanwhile (cancelled) waits no more
+        ended = b.status in ("completed", "failed", "cancelled")
+        parts.append(f"{step} stopped waiting" if ended else _waiting(step, kind, b.latest[step], tz))
     if b.plan_known:
         parts.append(f"{_count(len(b.remainder))} remaining")
     else:
@@ -135,5 +153,19 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
     return ", ".join(parts)
 
 
-def _clock(when: datetime, tz: tzinfo | None) -> str:
-    return (when.astimezone(tz) if tz else when).strftime("%H:%M")
+def _clock(when: datetime, tz: tzinfo | None, fmt: str = "%H:%M") -> str:
+    return (when.astimezone(tz) if tz else when).strftime(fmt)
+
+
+def _waiting(step: str, kind: str, attempt: StepAttempt, tz: tzinfo | None) -> str:
+    """What a begun wait waits for and until when (its attempt's progress records `until`: durableruns.waits)."""
+    text = (attempt.progress or {}).get("until")
+    until = datetime.fromisoformat(text) if isinstance(text, str) else None
+    day = "%Y-%m-%d %H:%M"
+    if kind == "sleep":
+        return f"{step} sleeping until {_clock(until, tz, day)}" if until else f"{step} sleeping"
+    what = f"approval {step}" if kind == "approval" else step
+    since = f" since {_clock(attempt.started_at, tz)}" if attempt.started_at else ""
+    if until is None:
+        return f"waiting for {what}{since}"
+    return f"waiting for {what}{since} (times out {_clock(until, tz, day)})"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durableruns import conf, plans, signals, store, testing
+from durableruns import conf, plans, signals, store, testing, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
@@ -206,7 +206,8 @@ class Engine:
         # A run going on after it gave back what it held acquires it again (durableruns.holdings.given_back).
         again = given_back(workflow.acquisitions(), attempts) if workflow and not claimed.ending else frozenset()
         # Once, before any step runs.
-        boundary = compute_boundary(plan.names if plan else (), attempts, given_back=again)
+        boundary = compute_boundary(plan.names if plan else (), attempts, given_back=again,
+                                    waits=plan.waits if plan else None)
         if plan is None:
             return self._leave(claimed, None, (), workflow_missing=workflow is None)
         if workflow is not None and workflow.fingerprint == plan.fingerprint:
@@ -276,6 +277,15 @@ class Engine:
     def _first_move(self, state: _Pass, step: Step, index: int, latest: StepAttempt | None
                     ) -> tuple[Intent | None, bool]:
         """Decide what the boundary says about this step; return the intent to run, or None if settled."""
+        if step.when is not None and waits.needs_asking([a for a in state.attempts if a.step == step.name]):
+            if not self._applies(state, step, index):
+                return None, False  # recorded skipped, once
+            if step.wait is None:  # its intent records the answer
+                return self._fresh_intent(state, step, index, attempt=self._next_attempt(state, step)), False
+            latest = None  # the wait begins (or completes at once): that records the answer
+        if step.wait is not None:  # a step that waits: its kind says the move (durableruns.waits)
+            self._wait_move(state, step, index, latest)
+            return None, False
         if latest is None:
             return self._fresh_intent(state, step, index, attempt=1), False
         if latest.status == "completed":  # an acquisition the run gave back: acquired again, under a new key
@@ -343,15 +353,120 @@ class Engine:
             raise _Stop(self._end_unfinished(state, RunStatus.CANCELLED, verdict.reason))
         raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {verdict.reason}"))
 
+    # -- when= and steps that wait (durableruns.waits) ---------------------------------------------------------
+
+    def _ctx(self, state: _Pass, step: Step, attempt: int) -> StepContext:
+        return StepContext(run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
+                           effect_key=effect_key(state.run_id, step.name), attempt=attempt,
+                           timeout=step_timeout(step))
+
+    def _next_attempt(self, state: _Pass, step: Step) -> int:
+        return 1 + max((a.attempt for a in state.attempts if a.step == step.name), default=0)
+
+    def _asking(self, state: _Pass, step: Step, index: int, ask: Callable[[], Any]) -> Any:
+        """Ask users' code a question about `step` before it acts (its when=, a sleep's time). A raise is the
+        step's error under its policy: an observed failure of an attempt that did nothing, retried with backoff
+        up to its attempts, then the run fails."""
+        try:
+            ensure_autocommit()
+            return ask()
+        except (FencedOut, EffectInTransaction):
+            raise
+        except Exception as exc:  # users' code
+            error = f"{waits.ASKING_RAISED}{_describe(exc)}"
+        attempt = self._next_attempt(state, step)
+        store.record_failure(state.lease, step=step.name, attempt=attempt, error=error, clock=self.clock,
+                             intent_recorded=False, effect_key=effect_key(state.run_id, step.name))
+        counts = state.tally(step.name)  # from the record as it was read, then counted in the pass
+        state.attempts.append(StepAttempt(step=step.name, attempt=attempt, status="failed", error=error))
+        counts[0] += 1
+        verdict = after_failure(attempts_made=state.tally(step.name)[0], max_attempts=step.max_attempts,
+                                now=self.clock.now(), backoff=conf.retry_backoff(),
+                                backoff_max=conf.retry_backoff_max())
+        if verdict.action is Action.FAIL:
+            raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
+        raise _Stop(self._release(state.lease, RunStatus.WAITING if verdict.until else RunStatus.PENDING,
+                                  f"{step.name}: {error}; {verdict.reason}", wake_at=verdict.until))
+
+    def _applies(self, state: _Pass, step: Step, index: int) -> bool:
+        """Ask the step's when= once; a False is recorded (a skipped attempt, result None) and never asked again."""
+        when = step.when
+        assert when is not None
+        applies = bool(self._asking(state, step, index, lambda: when(self._ctx(state, step, 1))))
+        if not applies:
+            attempt = self._next_attempt(state, step)
+            store.record_result(state.lease, step=step.name, attempt=attempt, result=None, cursor=index + 1,
+                                clock=self.clock, resolution=Resolution.SKIPPED, intent_recorded=False,
+                                effect_key=effect_key(state.run_id, step.name))
+            state.attempts.append(StepAttempt(step=step.name, attempt=attempt, status="completed"))
+            state.results[step.name] = None
+        return applies
+
+    def _wait_move(self, state: _Pass, step: Step, index: int, latest: StepAttempt | None) -> None:
+        """Ask durableruns.waits what the record says about the wait `step` now, and record that one move:
+        wait (handing the run back, holding nothing), complete (consuming the event, if any, in the same
+        commit), or stop the run (fail, escalate, hold for staff, cancel)."""
+        wait = step.wait
+        assert wait is not None
+        lease = state.lease
+        begun = latest if latest is not None and latest.status == "started" else None
+        now = self.clock.now()
+        asked = None
+        if begun is None and wait.kind is waits.Kind.SLEEP:
+            asked = self._asking(state, step, index, lambda: _sleep_time(step, self._ctx(state, step, 1)))
+        event = store.oldest_event(state.run_id, wait.event) if wait.kind is waits.Kind.WAIT_FOR else None
+        decision, staff, escalation_open = None, "", False
+        if begun is not None and wait.kind is waits.Kind.APPROVAL:
+            decision = _approval(state.run_id, step.name, begun.attempt)
+        if begun is not None and wait.kind is waits.Kind.WAIT_FOR and wait.on_timeout is waits.OnTimeout.ESCALATE:
+            escalation = (Escalation.objects.for_attempt(state.run_id, step.name, begun.attempt)
+                          .select_related("decision").first())
+            if escalation is not None:
+                verdict = getattr(escalation, "decision", None)
+                staff, escalation_open = (verdict.action, False) if verdict else ("", True)
+        move = waits.next_move(wait, step.name, waits.Facts(
+            now=now, attempt=begun, asked=asked, staff=staff, escalation_open=escalation_open, decision=decision,
+            event=waits.Event(id=event[0], payload=event[1]) if event else None))
+        attempt = self._next_attempt(state, step) if move.fresh or begun is None else begun.attempt
+        key = effect_key(state.run_id, step.name)
+        kind = waits.Move
+        if move.move in (kind.BEGIN, kind.WAIT):
+            store.wait(lease, step=step.name, attempt=attempt, until=move.until, reason=move.reason,
+                       event=wait.event, approval=wait.kind is waits.Kind.APPROVAL, cursor=index, effect_key=key,
+                       detail=dict(move.detail or {}) if move.move is kind.BEGIN else None, clock=self.clock)
+            raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.WAITING, detail=move.reason,
+                                   steps_run=state.steps_run))
+        if move.move is kind.COMPLETE:
+            testing.reached("before_complete", step.name)
+            store.complete_wait(lease, step=step.name, attempt=attempt, begun=not move.fresh, effect_key=key,
+                                result=move.result, resolution=move.resolution, cursor=index + 1,
+                                event_id=move.event_id, clock=self.clock)
+            testing.reached("after_complete", step.name)
+            state.results[step.name] = copy.deepcopy(move.result)
+            state.steps_run += 1
+            return
+        if move.move is kind.ESCALATE:
+            assert begun is not None
+            store.open_escalation(lease, step=step.name, attempt=begun.attempt, effect_key=key,
+                                  in_doubt_since=begun.started_at, reason=move.reason, clock=self.clock)
+            raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION, detail=move.reason,
+                                   steps_run=state.steps_run))
+        if move.move is kind.HOLD:
+            raise _Stop(self._release(lease, RunStatus.NEEDS_DECISION, move.reason))
+        ending = RunStatus.CANCELLED if move.move is kind.CANCEL else RunStatus.FAILED
+        raise _Stop(self._end_unfinished(state, ending, move.reason))
+
     def _run_until_settled(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
                            plan: list[Step]) -> Intent | None:
         """Run attempts of `step` until it completes; return the next step's intent if it shared the commit."""
         while True:
             lease = state.lease
-            if step.intent and not recorded:
+            # A step with when= records its intent whatever it declares: the intent records the answer, once.
+            intends = step.intent or step.when is not None
+            if intends and not recorded:
                 testing.reached("before_intent", step.name)
                 store.record_intent(lease, intent, clock=self.clock)  # commit 1: before the step acts
-            recorded = step.intent
+            recorded = intends
             testing.reached("after_intent", step.name)
             try:
                 result, encoded = self._call(state, step, intent)
@@ -476,7 +591,7 @@ class Engine:
         if index + 1 >= len(plan):
             return None
         nxt = plan[index + 1]
-        if not nxt.intent or nxt.name in state.boundary.latest:
+        if not nxt.intent or nxt.name in state.boundary.latest or nxt.wait is not None or nxt.when is not None:
             return None
         return self._fresh_intent(state, nxt, index + 1, attempt=1)
 
@@ -569,6 +684,9 @@ def _done_elsewhere(name: str, policy: str) -> Step:
     def absent(ctx: StepContext) -> Any:
         raise UnknownWorkflow(f"step {name} is not in this deploy", step=name)
 
+    if policy in waits.KINDS:
+        return Step(name=name, fn=absent, policy=Policy.RE_EXECUTABLE, intent=False,
+                    wait=waits.Wait(kind=waits.Kind(policy)))
     return Step(name=name, fn=absent, policy=Policy(policy))
 
 
@@ -585,6 +703,31 @@ def _traced_call(state: _Pass, step: Step, attempt: int) -> AbstractContextManag
         return nullcontext()
     return traces.call(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name, attempt=attempt,
                         policy=step.policy, fails=lambda exc: _fails(step, exc))
+
+
+def _sleep_time(step: Step, ctx: StepContext) -> datetime | timedelta:
+    """A sleep's `until` or duration, as its declaration (or its function of ctx) says: checked here, so a bad
+    answer is the step's error."""
+    if step.sleep_until is not None:
+        until = step.sleep_until(ctx)
+        if not isinstance(until, datetime) or until.tzinfo is None:
+            raise DeclarationError(f"{step.name}: until= must return an aware datetime, not {until!r}")
+        return until
+    duration = step.sleep_for(ctx) if callable(step.sleep_for) else step.sleep_for
+    if not isinstance(duration, timedelta):
+        raise DeclarationError(f"{step.name}: the duration must be a timedelta, not {duration!r}")
+    return duration
+
+
+def _approval(run_id: str, step: str, attempt: int) -> waits.Decision | None:
+    """The staff decision on the approval's attempt, if one is recorded."""
+    row = (Intervention.objects.filter(run_id=run_id, step=step, attempt=attempt,
+                                       action__in=store.APPROVAL_ACTIONS)
+           .values_list("action", "decided_by", "note", "decided_at").first())
+    if row is None:
+        return None
+    action, by, note, at = row
+    return waits.Decision(approved=action == Intervention.Action.APPROVE, by=by, note=note, at=at)
 
 
 def step_timeout(step: Step) -> timedelta:

@@ -10,6 +10,7 @@
     ├── EffectInTransaction       a step was about to act inside an open database transaction
     ├── FencedOut                 this worker's epoch is stale: another worker owns the run now
     ├── EscalationNotFound        no open escalation for that run and step
+    │   └── ApprovalNotFound      the run does not wait for that approval
     ├── AlreadyDecided            the escalation was decided before (carries who decided first)
     ├── InvalidDecision           the outcome is not one of happened / did_not_happen / abandon
     ├── RunNotActionable          a staff action does not fit the run's status (cancel a completed run, ...)
@@ -74,12 +75,16 @@ class EscalationNotFound(DurableRunsError):
     """No such escalation."""
 
 
+class ApprovalNotFound(EscalationNotFound):
+    """The run does not wait for that approval."""
+
+
 class AlreadyDecided(DurableRunsError):
     """This escalation was decided already; a decision applies once."""
 
 
 class InvalidDecision(DurableRunsError):
-    """The outcome must be one of: happened, did_not_happen, abandon."""
+    """The outcome must be one of: happened, did_not_happen, abandon (approve or reject, for an approval)."""
 
 
 class RunNotActionable(DurableRunsError):

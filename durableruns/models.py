@@ -35,6 +35,10 @@ class Resolution(models.TextChoices):
     RETURNED = "returned", "the step returned"
     LOOKUP = "lookup", "resolved by lookup"
     DECISION = "decision", "decided by staff"
+    SKIPPED = "skipped", "skipped: its when= said no"
+    EVENT = "event", "an event sent to the run"
+    TIMER = "timer", "its wake time came"
+    TIMEOUT = "timeout", "timed out, and went on"
 
 
 class RunState(models.Model):
@@ -101,6 +105,12 @@ class RunState(models.Model):
             # already indexed, so this adds no cost to a step's write.
             models.Index(fields=["workflow"], name="run_state_stopped_idx", condition=Q(status="needs_decision")),
             models.Index(fields=["-created_at"], name="run_state_created_idx"),
+            # The claim's two probes (pgsql._CLAIM): the pending (or abandoned) run of highest priority, the oldest
+            # among equals, and the waiting runs whose wake time has come, so that any number of runs asleep costs a
+            # claim nothing (issue 22).
+            models.Index(fields=["-priority", "created_at"], name="run_state_ready_idx",
+                         condition=Q(status__in=["pending", "running"])),
+            models.Index(fields=["wake_at"], name="run_state_wake_idx", condition=Q(status="waiting")),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),
@@ -249,6 +259,8 @@ class Intervention(models.Model):
         CANCEL = "cancel", "cancel the run"
         RETRY = "retry", "retry the failed step"
         ADOPT_PLAN = "adopt_plan", "move the run to the current plan"
+        APPROVE = "approve", "approve"
+        REJECT = "reject", "reject"
 
     run = models.ForeignKey(RunState, on_delete=models.CASCADE, related_name="interventions")
     escalation = models.OneToOneField(
@@ -266,9 +278,47 @@ class Intervention(models.Model):
     class Meta:
         db_table = "run_intervention"
         ordering = ["-decided_at"]
+        permissions = [("decide_approval", "Can approve or reject runs' approvals")]
+        constraints = [
+            # An approval's attempt is decided once: a second decision fails here, however concurrent.
+            models.UniqueConstraint(fields=["run", "step", "attempt"], name="run_intervention_one_approval",
+                                    condition=Q(action__in=["approve", "reject"])),
+        ]
 
     def __str__(self) -> str:
         return f"{self.get_action_display()} by {self.decided_by}"
+
+
+class RunEvent(models.Model):
+    """An event sent to a run from outside (durableruns.send): kept until a wait for its name consumes it, the
+    oldest first, one per wait; the consuming attempt is recorded in the commit that completes the wait."""
+
+    run = models.ForeignKey(RunState, on_delete=models.CASCADE, related_name="events", db_index=False)
+    event = models.CharField(max_length=200)
+    key = models.CharField(max_length=500, null=True, blank=True,
+                           help_text="The sender's idempotency key: a second event with it is not recorded.")
+    payload = models.JSONField(default=dict)
+    sent_at = models.DateTimeField()
+    consumed_step = models.CharField(max_length=200, blank=True, default="")
+    consumed_attempt = models.PositiveIntegerField(null=True, blank=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "run_event"
+        verbose_name = "event"
+        ordering = ["sent_at", "id"]
+        permissions = [("send_event", "Can send events to runs")]
+        indexes = [models.Index(fields=["run", "event", "sent_at"], name="run_event_run_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "key"], name="run_event_key_once", condition=Q(key__isnull=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}/{self.event}#{self.pk}"
+
+    @property
+    def consumed(self) -> bool:
+        return self.consumed_at is not None
 
 
 class WorkerPresence(models.Model):

@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 # psycopg itself is imported only where a statement goes to PostgreSQL: a SQLite-only site installs durableruns
 # without the [postgres] extra, and still imports this module (store.py does).
 
-# Highest priority first, then the oldest, by walking run_state_active_idx (priority DESC, created_at) in its
-# order: the first unlocked due row ends the
-# scan, however many runs are due. Left to its statistics, PostgreSQL may instead fetch every due run and sort
+# Highest priority first, then the oldest, by walking run_state_ready_idx (priority DESC, created_at) in its order,
+# and the waiting runs by run_state_wake_idx in wake order: the first unlocked due row ends each scan, however many
+# runs are due. Left to its statistics, PostgreSQL may instead fetch every due run and sort
 # them, at each claim, which makes draining a backlog quadratic: it does so whenever the statistics say almost
 # nothing is due while thousands of runs are (after the tables were emptied and refilled, 10,000 runs drained
 # 17% slower). SET LOCAL holds for the claim's own transaction only.
@@ -64,14 +64,25 @@ WITH claimed AS (
   UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s
    WHERE run_id = (
-         SELECT run_id FROM run_state
-          WHERE status IN ('pending', 'running', 'waiting')
-            AND (status = 'pending'
-                 OR (status = 'running' AND lease_expires_at < now() + %(shift)s)
-                 OR (status = 'waiting' AND wake_at <= now() + %(shift)s)){queues}{skip}
-          ORDER BY priority DESC, created_at
-          LIMIT 1
-            FOR UPDATE SKIP LOCKED)
+         -- The due run of two probes: the pending (or abandoned) run of highest priority, the oldest among equals,
+         -- walking run_state_ready_idx, and the waiting run whose wake time came first, walking run_state_wake_idx;
+         -- runs asleep (any number, holding nothing) are never walked past. Each probe locks at most one row,
+         -- skipping locked ones. A woken run of the same priority comes first if it is the older.
+         WITH ready AS MATERIALIZED (
+           SELECT run_id, priority, created_at FROM run_state
+            WHERE status IN ('pending', 'running')
+              AND (status = 'pending' OR lease_expires_at < now() + %(shift)s){queues}{skip}
+            ORDER BY priority DESC, created_at LIMIT 1 FOR UPDATE SKIP LOCKED),
+         woken AS MATERIALIZED (
+           SELECT run_id, priority, created_at FROM run_state
+            WHERE status = 'waiting' AND wake_at <= now() + %(shift)s{queues}{skip}
+            ORDER BY wake_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+         -- the first of the two in the claim's order, compared without a sort (a sort under the claim's
+         -- enable_sort = off would cost the plan so much that PostgreSQL compiled it with JIT, seconds per claim)
+         SELECT coalesce(CASE WHEN w.priority > r.priority
+                                   OR (w.priority = r.priority AND w.created_at < r.created_at) THEN w.run_id END,
+                         r.run_id, w.run_id)
+           FROM (VALUES (1)) AS one LEFT JOIN ready r ON true LEFT JOIN woken w ON true)
   RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
             trace_context),
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
@@ -101,24 +112,24 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        CASE WHEN c.run_id IS NULL AND %(hints)s THEN """ + NEXT_DUE + """ END,
        -- a run taken: whether another was due behind it (in the same index order, as this statement saw the
        -- record), so that the thread wakes another idle one only then (worker.pool); one committed since
-       -- notifies on its own. Behind it: the same priority and not older, or a lower priority (two ranges of
-       -- the index, each one an index condition).
+       -- notifies on its own. Behind it: a ready run of the same priority and not older, or of a lower priority
+       -- (two ranges of run_state_ready_idx, each one an index condition), or a waiting run whose time has come.
        CASE WHEN c.run_id IS NOT NULL AND %(hints)s THEN EXISTS (
          SELECT 1 FROM run_state o
-          WHERE o.status IN ('pending', 'running', 'waiting')
+          WHERE o.status IN ('pending', 'running')
             AND o.priority = c.priority AND o.created_at >= c.created_at AND o.run_id <> c.run_id
-            AND {other_due}) OR EXISTS (
+            AND {other_ready}) OR EXISTS (
          SELECT 1 FROM run_state o
-          WHERE o.status IN ('pending', 'running', 'waiting') AND o.priority < c.priority
-            AND {other_due}) END,
+          WHERE o.status IN ('pending', 'running') AND o.priority < c.priority AND {other_ready}) OR EXISTS (
+         SELECT 1 FROM run_state o
+          WHERE o.status = 'waiting' AND o.wake_at <= now() + %(shift)s AND o.run_id <> c.run_id{other_queues})
+       END,
        -- the trace the run continues (durableruns.tracing; NULL unless started with the [otel] extra)
        c.trace_context
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
-_OTHER_DUE = """(o.status = 'pending'
-                 OR (o.status = 'running' AND o.lease_expires_at < now() + %(shift)s)
-                 OR (o.status = 'waiting' AND o.wake_at <= now() + %(shift)s)){other_queues}"""
-_CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{other_due}", _OTHER_DUE)
+_OTHER_READY = """(o.status = 'pending' OR o.lease_expires_at < now() + %(shift)s){other_queues}"""
+_CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{other_ready}", _OTHER_READY)
 
 
 # A pass that leaves out runs it already worked (store.claim's `skip`) claims with this filter too.

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from durableruns.errors import PlanMismatch
+from durableruns.waits import KINDS
 
-PlanSteps = tuple[tuple[str, str], ...]  # (step name, policy value), in plan order
+# (step name, policy value), in plan order; a wait step has its kind (durableruns.waits.Kind) for a policy.
+PlanSteps = tuple[tuple[str, str], ...]
 
 
 def fingerprint_of(steps: Iterable[tuple[str, str]]) -> str:
@@ -39,6 +41,11 @@ class Plan:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.steps)
+
+    @property
+    def waits(self) -> dict[str, str]:
+        """The plan's wait steps, name -> kind (sleep, wait_for, approval)."""
+        return {name: kind for name, kind in self.steps if kind in KINDS}
 
     def policy(self, step: str) -> str | None:
         return dict(self.steps).get(step)

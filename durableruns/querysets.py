@@ -69,6 +69,12 @@ class RunStateQuerySet(models.QuerySet):
         return self.filter(status="needs_decision").exclude(
             models.Exists(escalations.filter(run_id=models.OuterRef("pk"), decision__isnull=True)))
 
+    def waiting_for(self, step: str) -> RunStateQuerySet:
+        """Runs waiting at the wait step `step` (its attempt begun, not over): a sleep, an event, an approval."""
+        attempts = self.model._meta.get_field("attempts").related_model._default_manager
+        return self.filter(status__in=("waiting", "needs_decision")).filter(
+            models.Exists(attempts.filter(run_id=models.OuterRef("pk"), step=step, status="started")))
+
     def having_effect_key(self, key: str) -> RunStateQuerySet:
         """Runs with an attempt under `key` (EXISTS, so a run with many such attempts is listed once)."""
         attempts = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager
@@ -95,6 +101,16 @@ class RunStepQuerySet(models.QuerySet):
     def of_run(self, run_id: str) -> RunStepQuerySet:
         """Every attempt of a run, in the order they were made: one query for the boundary."""
         return self.filter(run_id=run_id).order_by("started_at", "step", "attempt")
+
+    def open_approvals(self) -> RunStepQuerySet:
+        """Approvals runs wait at that nobody has decided yet, oldest first: the approval queue (durableruns.waits
+        records an approval's begun attempt with kind "approval"; a decision is an intervention on it)."""
+        interventions = self.model._meta.apps.get_model("durableruns", "Intervention")._default_manager
+        decided = interventions.filter(run_id=models.OuterRef("run_id"), step=models.OuterRef("step"),
+                                       attempt=models.OuterRef("attempt"), action__in=("approve", "reject"))
+        return (self.filter(status="started", progress__kind="approval",
+                            run__status__in=("waiting", "needs_decision"))
+                .exclude(models.Exists(decided)).order_by("started_at"))
 
 
 class EscalationQuerySet(models.QuerySet):

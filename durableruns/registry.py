@@ -7,6 +7,7 @@ under, and a deploy supplies the functions of its steps by name.
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,12 +18,14 @@ from durableruns.errors import DeclarationError, Rejected, UnknownWorkflow
 from durableruns.holdings import Acquisition, release_step
 from durableruns.plans import Plan, PlanSteps, fingerprint_of
 from durableruns.policies import Policy
+from durableruns.waits import Kind, OnReject, OnTimeout, Wait
 
 if TYPE_CHECKING:
     from durableruns.context import StepContext
 
 StepFn = Callable[["StepContext"], Any]
 LookupFn = Callable[["StepContext"], "dict[str, Any] | None"]
+WhenFn = Callable[["StepContext"], Any]
 
 _registry: dict[str, Workflow] = {}
 _changes = 0  # bumped by every declaration, so what is derived from the registry is derived again
@@ -61,6 +64,19 @@ class Step:
         re_executable (policy escalate), or it says so (wait_for_standby=True). DURABLERUNS_STANDBY_INTENTS makes
         such intent commits wait for a standby, so a failover cannot lose them."""
         return self.wait_for_standby or self.policy is Policy.ESCALATE
+
+    # Asked once when the run reaches the step: False records it skipped (durableruns.waits).
+    when: WhenFn | None = None
+    # A step that waits (a sleep, a wait for an event, an approval) instead of acting; a sleep's time is asked of
+    # `sleep_for` (a timedelta or a function of ctx returning one) or `sleep_until` (a function returning a time).
+    wait: Wait | None = None
+    sleep_for: timedelta | Callable[[StepContext], timedelta] | None = None
+    sleep_until: Callable[[StepContext], Any] | None = None
+
+    @property
+    def kind(self) -> str:
+        """What the plan records for the step: its policy, or for a wait step its kind."""
+        return self.wait.kind.value if self.wait is not None else self.policy.value
 
     @property
     def is_acquisition(self) -> bool:
@@ -134,6 +150,7 @@ class Workflow:
         hold_expires_after: timedelta | None = None,
         released_by: str = "",
         wait_for_standby: bool = False,
+        when: WhenFn | None = None,
     ) -> Callable[[StepFn], StepFn]:
         """Declare the decorated function as the next step; `policy` is required, there is no default.
 
@@ -143,7 +160,8 @@ class Workflow:
         names a later step whose completion gives it back (or consumes it) in the normal course.
         `wait_for_standby=True`: with DURABLERUNS_STANDBY_INTENTS set, the step's intent commit waits for a
         synchronous standby, as an escalate step's always does (for a step whose effect has no key to absorb a
-        second call).
+        second call). `when=`, a function of ctx asked once when the run reaches the step: False records the
+        step skipped (its result None).
         """
         try:
             chosen = Policy(policy)
@@ -163,6 +181,7 @@ class Workflow:
                                    f"describe an acquisition: declare its release= too")
         if hold_expires_after is not None and hold_expires_after <= timedelta(0):
             raise DeclarationError(f"{self.name}: hold_expires_after must be positive")
+        _check_when(self.name, when)
 
         def register(fn: StepFn) -> StepFn:
             name = fn.__name__
@@ -201,13 +220,70 @@ class Workflow:
                 hold_expires_after=hold_expires_after,
                 released_by=released_by,
                 wait_for_standby=wait_for_standby,
+                when=when,
             )
-            self.steps.append(step)
-            _declared()
-            self._by_name[name] = step
+            self._add(step)
             return fn
 
         return register
+
+    def _add(self, step: Step) -> None:
+        if step.name in self._by_name:
+            raise DeclarationError(f"{self.name}: step {step.name!r} is declared twice")
+        self.steps.append(step)
+        _declared()
+        self._by_name[step.name] = step
+
+    # -- steps that wait (durableruns.waits) ---------------------------------------------------------------
+
+    def sleep(self, name: str, duration: timedelta | Callable[[StepContext], timedelta] | None = None, *,
+              until: Callable[[StepContext], Any] | None = None, when: WhenFn | None = None) -> None:
+        """Declare a step that waits: `duration` (a timedelta, or a function of ctx returning one) or `until` (a
+        function of ctx returning an aware datetime), exactly one. The wake time is computed once, on the
+        database's clock, and recorded; ctx.results[name] is {"until": "<ISO 8601>"}."""
+        if (duration is None) == (until is None):
+            raise DeclarationError(f"{self.name}.{name}: a sleep takes a duration or until=, exactly one")
+        if isinstance(duration, timedelta):
+            _positive(self.name, name, "duration", duration)
+        elif duration is not None and not callable(duration):
+            raise DeclarationError(f"{self.name}.{name}: duration must be a timedelta or a function of ctx")
+        if until is not None and not callable(until):
+            raise DeclarationError(f"{self.name}.{name}: until= must be a function of ctx returning a datetime")
+        _check_when(self.name, when)
+        self._add(Step(name=_wait_name(self.name, name), fn=_waits(name), policy=Policy.RE_EXECUTABLE,
+                       intent=False, when=when, wait=Wait(kind=Kind.SLEEP), sleep_for=duration, sleep_until=until))
+
+    def wait_for(self, name: str, *, event: str | None = None, timeout: timedelta | None = None,
+                 on_timeout: str = "fail", when: WhenFn | None = None) -> None:
+        """Declare a step that waits for an event sent to the run (durableruns.send; `event` defaults to `name`).
+        ctx.results[name] is its payload. After `timeout` (from when the wait began, on the database's clock)
+        `on_timeout` says: "fail" the run, "escalate" to staff, or "continue" with None."""
+        chosen = _choice(self.name, name, "on_timeout", on_timeout, OnTimeout)
+        if timeout is not None:
+            _positive(self.name, name, "timeout", timeout)
+        elif chosen is not OnTimeout.FAIL:
+            raise DeclarationError(f"{self.name}.{name}: on_timeout={on_timeout!r} needs a timeout=")
+        if event is not None and (not isinstance(event, str) or not event):
+            raise DeclarationError(f"{self.name}.{name}: event must be a non-empty name")
+        _check_when(self.name, when)
+        wait = Wait(kind=Kind.WAIT_FOR, event=event or name, timeout=timeout, on_timeout=chosen)
+        self._add(Step(name=_wait_name(self.name, name), fn=_waits(name), policy=Policy.RE_EXECUTABLE,
+                       intent=False, when=when, wait=wait))
+
+    def approval(self, name: str, *, when: WhenFn | None = None, timeout: timedelta | None = None,
+                 on_timeout: str = "escalate", on_reject: str = "cancel", doc: str = "") -> None:
+        """Declare a step that waits for a person with durableruns.decide_approval to approve or reject it
+        (durableruns.decide(run_id, name, "approve" | "reject", by=..., note=...)). ctx.results[name] is
+        {"approved": bool, "by": ..., "note": ..., "at": ...}. A rejection with on_reject="cancel" ends the run
+        cancelled; "continue" goes on. `doc` tells staff what to check before deciding."""
+        timing_out = _choice(self.name, name, "on_timeout", on_timeout, OnTimeout)
+        rejecting = _choice(self.name, name, "on_reject", on_reject, OnReject)
+        if timeout is not None:
+            _positive(self.name, name, "timeout", timeout)
+        _check_when(self.name, when)
+        wait = Wait(kind=Kind.APPROVAL, timeout=timeout, on_timeout=timing_out, on_reject=rejecting)
+        self._add(Step(name=_wait_name(self.name, name), fn=_waits(name, doc), policy=Policy.RE_EXECUTABLE,
+                       intent=False, when=when, wait=wait))
 
     @property
     def plan(self) -> tuple[str, ...]:
@@ -228,7 +304,7 @@ class Workflow:
         appended), since every start and every claim asks for it."""
         cached = self.__dict__.get("_plan")
         if cached is None or cached[0] != len(self.steps):
-            steps = tuple((s.name, s.policy.value) for s in self.steps)
+            steps = tuple((s.name, s.kind) for s in self.steps)
             cached = self.__dict__["_plan"] = (len(self.steps), Plan(
                 fingerprint=fingerprint_of(steps), workflow=self.name, steps=steps))
         plan: Plan = cached[1]
@@ -236,7 +312,7 @@ class Workflow:
 
     def policies(self) -> dict[str, str]:
         """This deploy's step name -> policy: what it can run of a recorded plan (plans.lacking)."""
-        return {s.name: s.policy.value for s in self.steps}
+        return {s.name: s.kind for s in self.steps}
 
     def get(self, name: str) -> Step | None:
         return self._by_name.get(name)
@@ -253,7 +329,7 @@ class Workflow:
         return None
 
     def describe(self) -> str:
-        return ", ".join(f"{s.name} ({s.policy.value})" for s in self.steps)
+        return ", ".join(f"{s.name} ({s.kind})" for s in self.steps)
 
     def __getitem__(self, name: str) -> Step:
         return self._by_name[name]
@@ -279,8 +355,50 @@ def first_steps() -> FirstSteps:
     global _first_steps
     if _first_steps[0] != _changes:
         _first_steps = (_changes, tuple((wf.name, wf.fingerprint, wf.steps[0].name)
-                                        for wf in _registry.values() if wf.steps and wf.steps[0].intent))
+                                        for wf in _registry.values() if wf.steps and _intent_first(wf.steps[0])))
     return _first_steps[1]
+
+
+def _intent_first(step: Step) -> bool:
+    """Whether a fresh run's first intent may ride on its claim: a step that acts at once (not one that waits,
+    nor one whose `when=` must be asked first)."""
+    return step.intent and step.wait is None and step.when is None
+
+
+def _wait_name(workflow: str, name: str) -> str:
+    if not name or not isinstance(name, str):
+        raise DeclarationError(f"{workflow}: a wait step needs a non-empty name")
+    return name
+
+
+def _waits(name: str, doc: str = "") -> StepFn:
+    """The function a wait step stands on: never called (the engine asks durableruns.waits instead); its
+    docstring is the step's doc."""
+
+    def waits(ctx: StepContext) -> Any:
+        raise DeclarationError(f"{name} is a step that waits; it is never called")
+
+    waits.__name__ = waits.__qualname__ = name
+    waits.__doc__ = doc
+    return waits
+
+
+def _positive(workflow: str, name: str, what: str, value: Any) -> None:
+    if not isinstance(value, timedelta) or value <= timedelta(0):
+        raise DeclarationError(f"{workflow}.{name}: {what} must be a positive timedelta, not {value!r}")
+
+
+def _choice(workflow: str, name: str, what: str, value: str, choices: type[enum.StrEnum]) -> Any:
+    try:
+        return choices(value)
+    except ValueError:
+        raise DeclarationError(f"{workflow}.{name}: {what} must be one of {', '.join(c.value for c in choices)}, "
+                               f"not {value!r}") from None
+
+
+def _check_when(workflow: str, when: Any) -> None:
+    if when is not None and not callable(when):
+        raise DeclarationError(f"{workflow}: when= must be a function of ctx")
 
 
 def generation() -> int:

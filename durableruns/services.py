@@ -32,6 +32,7 @@ from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunS
 from durableruns.plans import Plan, lacking
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
 from durableruns.registry import Step, get_workflow, workflows
+from durableruns.waits import KINDS
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
@@ -126,7 +127,9 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
     if plan is None:
         attempted = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
         return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
-    return replace(compute_boundary(plan, attempts), status=run.status)
+    recorded = run_plan(run)
+    waits = recorded.waits if recorded is not None else {}
+    return replace(compute_boundary(plan, attempts, waits=waits), status=run.status)
 
 
 def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:
@@ -404,12 +407,58 @@ def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, 
 
 
 def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: Any = None) -> Intervention:
-    """Decide the latest escalation of `step` in `run_id`."""
+    """Decide the latest escalation of `step` in `run_id`; or, with "approve" or "reject", the approval `step`
+    the run waits at."""
+    if outcome in APPROVAL_OUTCOMES:
+        return decide_approval(run_id, step, approved=outcome == "approve", by=by, note=note, result=result)
     escalation = Escalation.objects.filter(run_id=run_id, step=step).order_by("-attempt").first()
     if escalation is None:
         get_run(run_id)
         raise EscalationNotFound(run_id=run_id, step=step)
     return resolve_escalation(escalation.pk, outcome, by=by, note=note, result=result)
+
+
+APPROVAL_OUTCOMES = ("approve", "reject")
+
+
+def open_approvals() -> list[RunStep]:
+    """The approval queue: undecided approvals runs wait at, oldest first, each with its run and its attempts."""
+    return list(RunStep.objects.open_approvals().select_related("run").prefetch_related("run__attempts"))
+
+
+def wait_steps() -> list[tuple[str, str]]:
+    """(step, kind) of every wait step this deploy's workflows declare, sorted: what runs can wait for."""
+    return sorted({(s.name, s.kind) for wf in workflows().values() for s in wf.steps if s.wait is not None})
+
+
+def decide_approval(run_id: str, step: str, *, approved: bool, by: Any, note: str, result: Any = None
+                    ) -> Intervention:
+    """Approve or reject the approval `step` the run waits at, once (errors.AlreadyDecided after), recording who,
+    when and why; the run is due at once."""
+    decided_by, user_id = _who(by)
+    if result is not None:
+        raise InvalidDecision("an approval's decision takes no result: approve or reject, with a note")
+    if not isinstance(note, str):
+        raise InvalidDecision("the note must be text")
+    get_run(run_id)
+    return store.record_approval(run_id, step=step, approved=approved, decided_by=decided_by, user_id=user_id,
+                                 note=store.storable(note.strip(), limit=2000))
+
+
+def send_event(run_id: str, event: str, payload: Any = None, *, key: str | None = None) -> bool:
+    """Record an event for a run (see durableruns.send); True when recorded, False for a key seen before."""
+    if not isinstance(event, str) or not event.strip() or len(event) > 200 or not _storable_text(event):
+        raise InvalidInput("the event must be a non-empty name of at most 200 characters")
+    if key is not None and (not isinstance(key, str) or not key or len(key) > 500 or not _storable_text(key)):
+        raise InvalidInput("the key must be a non-empty string of at most 500 characters")
+    payload = {} if payload is None else payload
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"the payload must be a JSON object, not {type(payload).__name__}")
+    try:
+        store.ensure_json(payload, what="the payload")
+    except ResultNotJSON as exc:
+        raise InvalidInput(str(exc)) from None
+    return store.record_event(run_id, event=event, payload=payload, key=key)
 
 
 def cancel_run(run_id: str, *, by: Any, note: str) -> Intervention:
@@ -484,6 +533,8 @@ def step_policy(run: RunState, step: str) -> Policy | None:
     (None: neither, or the plan is not recorded)."""
     plan = run_plan(run)
     policy = plan.policy(step) if plan else None
+    if policy in KINDS:  # a step that waits has no in-doubt policy: it never acts
+        return None
     if policy:
         return Policy(policy)
     release = _release_step(run, step)
@@ -500,7 +551,8 @@ def step_doc(run: RunState, step: str) -> str:
         declared = get_workflow(run.workflow).get(step)
     except UnknownWorkflow:
         return ""
-    if declared is None or declared.policy is not step_policy(run, step):
+    plan = run_plan(run)
+    if declared is None or (plan.policy(step) if plan else None) != declared.kind:
         return ""
     return declared.doc
 

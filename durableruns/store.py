@@ -27,6 +27,7 @@ from durableruns.boundary import StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.errors import (
     AlreadyDecided,
+    ApprovalNotFound,
     DuplicateRun,
     FencedOut,
     ResultNotJSON,
@@ -39,6 +40,7 @@ from durableruns.models import (
     Escalation,
     Intervention,
     Resolution,
+    RunEvent,
     RunPlan,
     RunState,
     RunStatus,
@@ -1018,3 +1020,150 @@ def take_run_alert_mark(run_id: str, *, previous: datetime | None, now: datetime
 def give_run_alert_mark_back(run_id: str, *, now: datetime, previous: datetime | None) -> None:
     """The alert was not sent: put the mark back, so the next pass tries again."""
     RunState.objects.filter(pk=run_id, alerted_at=now).update(alerted_at=previous)
+
+
+# -- runs that wait (durableruns.waits): a wait is a started attempt, a status and a wake time ------------------
+
+
+def _came(run_id: str, *, event: str, approval: bool, step: str, attempt: int) -> bool:
+    """Whether what the wait at `step` (attempt `attempt`) waits for is in the record already: an event of its
+    name not consumed (`event`), or a decision on the approval's attempt (`approval`)."""
+    if event:
+        return RunEvent.objects.filter(run_id=run_id, event=event, consumed_at__isnull=True).exists()
+    return approval and Intervention.objects.filter(run_id=run_id, step=step, attempt=attempt,
+                                       action__in=APPROVAL_ACTIONS).exists()
+
+
+APPROVAL_ACTIONS = (Intervention.Action.APPROVE, Intervention.Action.REJECT)
+
+
+def wait(lease: Lease, *, step: str, attempt: int, until: datetime | None, reason: str, event: str = "",
+         approval: bool = False, cursor: int | None = None, effect_key: str = "", detail: dict[str, Any] | None = None,
+         clock: Clock = DATABASE) -> None:
+    """Hand the run back waiting at the wait `step` until `until` (None: until something is sent or decided),
+    holding no lease; with `detail`, first begin the wait: its started attempt records what it waits for and
+    until when, once. One commit.
+
+    The run's row is updated first (on PostgreSQL its lock; on SQLite the write lock), then the record is read
+    again: an event or decision that committed before is seen, and the run is due at once; one committing after
+    finds the run waiting and makes it due itself (record_event, record_approval). Nothing sent is left waiting
+    out the timeout."""
+    fields: dict[str, Any] = {"status": RunStatus.WAITING, "wake_at": until, "lease_expires_at": None,
+                              "reason": storable(reason), "updated_at": clock.expression()}
+    if cursor is not None:
+        fields["cursor"] = cursor
+    with transaction.atomic(durable=True):
+        if not RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(**fields):
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        if detail is not None:
+            RunStep.objects.create(
+                run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED, effect_key=effect_key,
+                started_at=clock.expression(), owner=lease.owner, epoch=lease.epoch, progress=detail)
+        if _came(lease.run_id, event=event, approval=approval, step=step, attempt=attempt):
+            RunState.objects.filter(pk=lease.run_id).update(wake_at=clock.expression())
+        _wake_workers()  # idle workers learn the wake time (their timer), or take it now
+
+
+def complete_wait(lease: Lease, *, step: str, attempt: int, begun: bool, effect_key: str, result: Any,
+                  resolution: str, cursor: int, event_id: int | None = None, clock: Clock = DATABASE) -> None:
+    """Complete the wait `step` with `result` (inserting its attempt if it never began), and consume the event
+    `event_id` for it: one commit, so an event is consumed exactly when a wait completes with it."""
+    encoded = to_json(result, what=f"the result of {step}")
+    with transaction.atomic(durable=True):
+        _fence(lease, clock, cursor=cursor)
+        if begun:
+            _finish(lease, step, attempt, status=StepStatus.COMPLETED, result=json.loads(encoded),
+                    finished_at=clock.expression(), resolution=resolution)
+        else:
+            RunStep.objects.create(
+                run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.COMPLETED, effect_key=effect_key,
+                started_at=clock.expression(), finished_at=clock.expression(), result=json.loads(encoded),
+                resolution=resolution, owner=lease.owner, epoch=lease.epoch)
+        if event_id is not None and not RunEvent.objects.filter(pk=event_id, run_id=lease.run_id,
+                                                                consumed_at__isnull=True).update(
+                consumed_step=step, consumed_attempt=attempt, consumed_at=clock.expression()):
+            raise FencedOut(f"event {event_id} was consumed already", run_id=lease.run_id, epoch=lease.epoch)
+
+
+def oldest_event(run_id: str, event: str) -> tuple[int, dict[str, Any]] | None:
+    """The oldest event of that name sent to the run and not consumed: (id, payload), or None."""
+    row = (RunEvent.objects.filter(run_id=run_id, event=event, consumed_at__isnull=True)
+           .order_by("sent_at", "id").values_list("id", "payload").first())
+    return None if row is None else (row[0], row[1] or {})
+
+
+ENDED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str | None,
+                 clock: Clock = DATABASE) -> bool:
+    """Record an event for a run; False if the run has an event with `key` already (nothing changes). A run
+    waiting for an event of that name is due at once, and idle workers are woken when this commits.
+
+    Inside the caller's transaction it joins it (behind a savepoint, so a duplicate key does not break it): the
+    event exists exactly when the caller's records do, and wakes nobody if they roll back."""
+    to_json(payload, what="the payload")
+    with transaction.atomic(durable=not connection.in_atomic_block):
+        status = (RunState.objects.select_for_update().filter(pk=run_id)
+                  .values_list("status", flat=True).first())
+        if status is None:
+            raise RunNotFound(run_id=run_id)
+        if status in ENDED:
+            raise RunNotActionable(f"the run is {status}: it waits for nothing", run_id=run_id, status=status)
+        if key is not None and RunEvent.objects.filter(run_id=run_id, key=key).exists():
+            return False
+        try:
+            with transaction.atomic():
+                RunEvent.objects.create(run_id=run_id, event=event, key=key, payload=payload,
+                                        sent_at=clock.expression())
+        except IntegrityError:
+            if key is not None:  # a concurrent sender with the same key committed first
+                return False
+            raise
+        if status == RunStatus.WAITING and RunStep.objects.filter(
+                run_id=run_id, status=StepStatus.STARTED, progress__event=event).exists():
+            RunState.objects.filter(pk=run_id, status=RunStatus.WAITING).update(wake_at=clock.expression())
+            _wake_workers()
+    return True
+
+
+def record_approval(run_id: str, *, step: str, approved: bool, decided_by: str, user_id: int | None, note: str,
+                    clock: Clock = DATABASE) -> Intervention:
+    """Decide the approval `step` the run waits at, once: the decision is its own row (who, when, why), and the
+    run is due at once. A second decision raises AlreadyDecided (the unique index settles a race)."""
+    with transaction.atomic(durable=True):
+        now = clock.now()
+        run = RunState.objects.select_for_update().filter(pk=run_id).values_list("status", flat=True).first()
+        if run is None:
+            raise RunNotFound(run_id=run_id)
+        latest = RunStep.objects.filter(run_id=run_id, step=step).order_by("-attempt").values_list(
+            "attempt", "status").first()
+        first = Intervention.objects.filter(run_id=run_id, step=step, action__in=APPROVAL_ACTIONS).order_by(
+            "-attempt").first()
+        if first is not None and latest is not None and first.attempt == latest[0]:
+            raise _already(first)
+        if latest is None or latest[1] != StepStatus.STARTED:
+            raise ApprovalNotFound(f"run {run_id} does not wait for the approval {step}", run_id=run_id, step=step)
+        if run not in (RunStatus.WAITING, RunStatus.NEEDS_DECISION, RunStatus.RUNNING, RunStatus.PENDING):
+            raise RunNotActionable(f"the run is {run}: its approval cannot be decided", run_id=run_id, status=run)
+        try:
+            with transaction.atomic():
+                decision = Intervention.objects.create(
+                    run_id=run_id, step=step, attempt=latest[0], decided_by=decided_by, user_id=user_id,
+                    decided_at=now, note=note,
+                    action=Intervention.Action.APPROVE if approved else Intervention.Action.REJECT)
+        except IntegrityError:
+            raise _already(Intervention.objects.get(run_id=run_id, step=step, attempt=latest[0],
+                                                    action__in=APPROVAL_ACTIONS)) from None
+        RunState.objects.filter(pk=run_id, status=RunStatus.WAITING).update(wake_at=now)
+        RunState.objects.filter(pk=run_id, status=RunStatus.NEEDS_DECISION).update(
+            status=RunStatus.PENDING, wake_at=None, updated_at=now,
+            reason=storable(f"{decided_by} {'approved' if approved else 'rejected'} {step}: {note}"))
+        _wake_workers()
+    return decision
+
+
+def _already(first: Intervention) -> AlreadyDecided:
+    return AlreadyDecided(
+        f"already decided by {first.decided_by} at {first.decided_at:%Y-%m-%d %H:%M:%S}: {first.get_action_display()}",
+        run_id=first.run_id, step=first.step, decided_by=first.decided_by, decided_at=first.decided_at)

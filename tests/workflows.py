@@ -377,3 +377,56 @@ def tick(ctx: Any) -> dict[str, Any]:
         finally:
             os.close(fd)
     return {"run": ctx.run_id, **ctx.input}
+
+
+# Runs that wait (durableruns.waits): an approval above a limit, the supplier's confirmation, a sleep, and a step
+# that applies only when the confirmation says no backorder. `notify_buyer` emails (a counted effect), so a
+# doubled step shows.
+waiting = Workflow("waiting")
+
+
+@waiting.step(policy="re_executable")
+def quote(ctx: Any) -> dict[str, Any]:
+    return {"total": ctx.input.get("total", 0)}
+
+
+waiting.approval("manager_approval", when=lambda ctx: ctx.results["quote"]["total"] > 10_000,
+                 timeout=_seconds("TEST_APPROVAL_TIMEOUT", 3600), on_timeout="escalate", on_reject="cancel",
+                 doc="Check the quote against the budget.")
+waiting.wait_for("supplier_confirmed", timeout=_seconds("TEST_WAIT_TIMEOUT", 3600), on_timeout="escalate")
+waiting.sleep("cool_off", lambda ctx: timedelta(seconds=float(ctx.input.get("cool_off", 0.5))))
+
+
+@waiting.step(policy="escalate", when=lambda ctx: not ctx.results["supplier_confirmed"].get("backorder"))
+def notify_buyer(ctx: Any) -> dict[str, Any]:
+    """Email the buyer that the supplier confirmed. No lookup: check the outbox for the run id by hand."""
+    confirmed = ctx.results["supplier_confirmed"]
+    sent = systems().email.send(to="buyer@waits", subject=f"{ctx.run_id}:confirmed",
+                                body=f"confirmed {confirmed.get('ref', '')}")
+    testing.reached("after_effect", "notify_buyer")
+    return {"sent": sent["id"] if isinstance(sent, dict) and "id" in sent else True, "saw": confirmed}
+
+
+# A sleep alone (the pool holds no thread for it) and a short sleep before an acting step.
+sleeper = Workflow("sleeper")
+sleeper.sleep("nap", lambda ctx: timedelta(seconds=float(ctx.input.get("seconds", 60))))
+
+
+@sleeper.step(policy="re_executable")
+def woke(ctx: Any) -> dict[str, Any]:
+    return {"slept": ctx.results["nap"]}
+
+
+# A wait with each timeout mode, and a when= a later deploy changes (tests/integration/test_waits.py).
+def _on_timeout(mode: str) -> Workflow:
+    flow = Workflow(f"waits_{mode}")
+    flow.wait_for("signal", event="go", timeout=timedelta(seconds=60), on_timeout=mode)
+
+    @flow.step(policy="re_executable")
+    def after(ctx: Any) -> dict[str, Any]:
+        return {"signal": ctx.results["signal"]}
+
+    return flow
+
+
+waits_fail, waits_escalate, waits_continue = (_on_timeout(m) for m in ("fail", "escalate", "continue"))

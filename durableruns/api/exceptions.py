@@ -59,6 +59,10 @@ class EscalationNotFoundError(DurableRunsAPIError):
     default_code = "escalation_not_found"
 
 
+class ApprovalNotFoundError(EscalationNotFoundError):
+    default_code = "approval_not_found"
+
+
 class AlreadyDecidedError(DurableRunsAPIError):
     status_code = status.HTTP_409_CONFLICT
     default_code = "already_decided"
@@ -85,6 +89,7 @@ TRANSLATIONS: dict[type[errors.DurableRunsError], type[DurableRunsAPIError]] = {
     errors.RunNotFound: RunNotFoundError,
     errors.ResultNotJSON: ResultNotJSONError,
     errors.EscalationNotFound: EscalationNotFoundError,
+    errors.ApprovalNotFound: ApprovalNotFoundError,
     errors.AlreadyDecided: AlreadyDecidedError,
     errors.InvalidDecision: InvalidDecisionError,
     errors.RunNotActionable: RunNotActionableError,

@@ -51,6 +51,16 @@ class CanDecideEscalations(_ModelPermission):
     message = "Deciding an escalation needs the permission durableruns.decide_escalation."
 
 
+class CanSendEvents(_ModelPermission):
+    perm = "durableruns.send_event"
+    message = "Sending an event to a run needs the permission durableruns.send_event."
+
+
+class CanDecideApprovals(_ModelPermission):
+    perm = "durableruns.decide_approval"
+    message = "Deciding an approval needs the permission durableruns.decide_approval."
+
+
 class CanCancelRuns(_ModelPermission):
     perm = "durableruns.cancel_run"
     message = "Cancelling a run needs the permission durableruns.cancel_run."

@@ -169,6 +169,46 @@ class DecisionRequestSerializer(serializers.Serializer):
     )
 
 
+class EventRequestSerializer(serializers.Serializer):
+    """POST /api/runs/{run_id}/events/: an event for the run, as a partner's webhook relay sends it."""
+
+    event = serializers.CharField(max_length=200, help_text="The event's name: what a wait_for of the run waits for.")
+    payload = JSONObjectField(required=False, allow_null=True, help_text="A JSON object; null or absent is {}.")
+    key = serializers.CharField(
+        max_length=500,
+        required=False,
+        allow_null=True,
+        help_text="Your idempotency key: an event with a key the run has seen is not recorded again (200).",
+    )
+
+
+class ApprovalDecisionSerializer(serializers.Serializer):
+    """POST /api/runs/{run_id}/decide/: approve or reject the approval the run waits at."""
+
+    step = serializers.CharField(max_length=200, help_text="The approval's name (its step).")
+    outcome = serializers.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
+    note = serializers.CharField(help_text="Why. Required.")
+
+
+class EventSerializer(serializers.Serializer):
+    """An event sent to a run: kept until a wait for its name consumes it."""
+
+    id = serializers.IntegerField()
+    event = serializers.CharField()
+    key = serializers.CharField(allow_null=True)
+    payload = serializers.JSONField()
+    sent_at = serializers.DateTimeField()
+    consumed_step = serializers.CharField(allow_blank=True, help_text="The wait that consumed it ('' if none yet).")
+    consumed_attempt = serializers.IntegerField(allow_null=True)
+    consumed_at = serializers.DateTimeField(allow_null=True)
+
+
+class EventRecordedSerializer(serializers.Serializer):
+    run_id = serializers.CharField()
+    event = serializers.CharField()
+    recorded = serializers.BooleanField(help_text="False: the run had an event with this key already.")
+
+
 class StaffNoteSerializer(serializers.Serializer):
     """POST /api/runs/{run_id}/cancel/ and /retry/: why, recorded with who and when."""
 
@@ -184,6 +224,12 @@ class RunFilterSerializer(serializers.Serializer):
         max_length=500, required=False, allow_blank=True, help_text="Runs with an attempt under this effect key."
     )
     run_id = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    waiting_for = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text="Runs waiting at this wait step (a sleep, a wait for an event, an approval).",
+    )
 
 
 class EscalationFilterSerializer(serializers.Serializer):
@@ -318,8 +364,17 @@ class PlanStepSerializer(serializers.Serializer):
     )
 
 
+class WaitingSerializer(serializers.Serializer):
+    step = serializers.CharField()
+    kind = serializers.ChoiceField(choices=[("sleep", "sleep"), ("wait_for", "wait_for"), ("approval", "approval")])
+    since = serializers.DateTimeField(allow_null=True, help_text="When the wait began (the database's clock).")
+    until = serializers.DateTimeField(allow_null=True, help_text="Its wake time or deadline; null: none.")
+    event = serializers.CharField(allow_blank=True, help_text="wait_for: the event's name.")
+
+
 class BoundarySerializer(serializers.Serializer):
     plan = PlanStepSerializer(many=True)
+    waiting = WaitingSerializer(many=True, help_text="Wait steps begun and not over: what the run waits for.")
     done = serializers.ListField(child=serializers.CharField())
     in_doubt = serializers.ListField(child=serializers.CharField())
     failed = serializers.ListField(child=serializers.CharField())
@@ -356,6 +411,7 @@ class RunDetailSerializer(RunSerializer):
     escalations = EscalationSerializer(many=True, read_only=True)
     interventions = InterventionSerializer(many=True, read_only=True)
     attempts = AttemptSerializer(many=True, read_only=True)
+    events = EventSerializer(many=True, read_only=True, help_text="Events sent to the run, oldest first.")
     input = JSONObjectField(read_only=True)
 
     class Meta(RunSerializer.Meta):
@@ -370,6 +426,7 @@ class RunDetailSerializer(RunSerializer):
             "escalations",
             "interventions",
             "attempts",
+            "events",
         ]
         read_only_fields = fields
 
@@ -412,6 +469,16 @@ class RunDetailSerializer(RunSerializer):
         return BoundarySerializer(
             {
                 "plan": plan,
+                "waiting": [
+                    {
+                        "step": step,
+                        "kind": kind,
+                        "since": b.latest[step].started_at,
+                        "until": (b.latest[step].progress or {}).get("until"),
+                        "event": (b.latest[step].progress or {}).get("event") or "",
+                    }
+                    for step, kind in b.waiting.items()
+                ],
                 "done": b.done,
                 "in_doubt": b.in_doubt,
                 "failed": b.failed,

@@ -36,14 +36,16 @@ from durableruns.api.pagination import KeysetPagination
 from durableruns.api.permissions import (
     CanAdoptPlan,
     CanCancelRuns,
+    CanDecideApprovals,
     CanDecideEscalations,
     CanRetryRuns,
+    CanSendEvents,
     CanStartRuns,
     CanViewEscalations,
     CanViewRuns,
 )
 from durableruns.errors import RunNotFound
-from durableruns.models import Escalation, RunState, RunStep
+from durableruns.models import Escalation, RunEvent, RunState, RunStep
 from durableruns.querysets import EscalationQuerySet, RunStateQuerySet
 
 NOT_AUTHENTICATED = OpenApiResponse(
@@ -163,8 +165,9 @@ def runs_in_full() -> RunStateQuerySet:
     """Runs with attempts (in the order made), escalations with their decisions, and staff acts."""
     attempts = Prefetch("attempts", queryset=RunStep.objects.order_by("started_at", "step", "attempt"))
     escalations = Prefetch("escalations", queryset=Escalation.objects.select_related("decision").order_by("opened_at"))
+    events = Prefetch("events", queryset=RunEvent.objects.order_by("sent_at", "id"))
     # django-stubs 5.2 types prefetch_related so that no Prefetch passes (6.1's does not): the ignore is for that.
-    return RunState.objects.prefetch_related(attempts, escalations, "interventions")  # type: ignore[arg-type,unused-ignore]
+    return RunState.objects.prefetch_related(attempts, escalations, "interventions", events)  # type: ignore[arg-type,unused-ignore]
 
 
 def escalations_in_full() -> EscalationQuerySet:
@@ -218,6 +221,8 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
             queryset = queryset.filter(pk=filters["run_id"])
         if filters.get("effect_key"):
             queryset = queryset.having_effect_key(filters["effect_key"])
+        if filters.get("waiting_for"):
+            queryset = queryset.waiting_for(filters["waiting_for"])
         return queryset
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -417,3 +422,69 @@ class AdoptPlan(_StaffAct):
 
     def perform(self, run_id: str, *, by: Any, note: str) -> None:
         services.adopt_plan(run_id, by=by, note=note)
+
+
+@document(
+    post=dict(
+        summary="Send an event to a run (a partner's webhook)",
+        description="Needs durableruns.send_event; token authentication works. The event is kept until a wait for "
+        "its name consumes it (the oldest first, one per wait). A key the run has seen records nothing (200).",
+        request=s.EventRequestSerializer,
+        parameters=[OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The run's id.")],
+        responses={
+            201: s.EventRecordedSerializer,
+            200: OpenApiResponse(s.EventRecordedSerializer, description="A duplicate key: nothing recorded."),
+            400: BAD_REQUEST,
+            401: NOT_AUTHENTICATED,
+            403: NOT_ALLOWED,
+            404: OpenApiResponse(s.ErrorSerializer, description="No run has that run_id (run_not_found)."),
+            409: OpenApiResponse(s.ConflictSerializer, description="The run has ended (run_not_actionable)."),
+        },
+    ),
+    get=dict(exclude=True),
+)
+class SendEvent(_StaffAct):
+    """POST records an event for the run (durableruns.send_event)."""
+
+    act = "events"
+    needs = (CanViewRuns, CanSendEvents)
+
+    def post(self, request: Request, run_id: str) -> Response:
+        data = parse(s.EventRequestSerializer, request.data)
+        recorded = services.send_event(run_id, data["event"], data.get("payload"), key=data.get("key"))
+        return Response(
+            {"run_id": run_id, "event": data["event"], "recorded": recorded},
+            status=status.HTTP_201_CREATED if recorded else status.HTTP_200_OK,
+        )
+
+
+@document(
+    post=dict(
+        summary="Approve or reject the approval a run waits at",
+        description="Needs durableruns.decide_approval. Decided once, recorded with who, when and the note.",
+        request=s.ApprovalDecisionSerializer,
+        parameters=[OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The run's id.")],
+        responses={
+            200: s.RunDetailSerializer,
+            400: BAD_REQUEST,
+            401: NOT_AUTHENTICATED,
+            403: NOT_ALLOWED,
+            404: OpenApiResponse(
+                s.ErrorSerializer,
+                description="No such run (run_not_found), or it does not wait for that approval (approval_not_found).",
+            ),
+            409: OpenApiResponse(s.ConflictSerializer, description="Decided already (already_decided)."),
+        },
+    ),
+    get=dict(exclude=True),
+)
+class DecideApproval(_StaffAct):
+    """POST approves or rejects an approval (durableruns.decide_approval); the run goes on at once."""
+
+    act = "decide"
+    needs = (CanViewRuns, CanDecideApprovals)
+
+    def post(self, request: Request, run_id: str) -> Response:
+        data = parse(s.ApprovalDecisionSerializer, request.data)
+        services.decide(run_id, data["step"], data["outcome"], by=request.user, note=data["note"])
+        return Response(s.RunDetailSerializer(runs_in_full().get(pk=run_id)).data)

@@ -40,13 +40,15 @@ def test_each_zone_badge_and_detail_say_the_zone(zone):
     label, tone = ZONE_BADGES[zone]
     assert f'class="dr-badge dr-{tone}">{label}</span>' in zone_badge(zone)
     moment = datetime(2026, 8, 8, 14, 7, 12, tzinfo=UTC)
-    status = {Zone.DONE: "completed", Zone.IN_DOUBT: "started", Zone.FAILED: "failed"}.get(zone)
+    status = {Zone.DONE: "completed", Zone.IN_DOUBT: "started", Zone.FAILED: "failed",
+              Zone.WAITING: "started"}.get(zone)
     latest = None if status is None else StepAttempt(step="charge", attempt=2, status=status, started_at=moment,
                                                      finished_at=moment, error="Rejected: card declined")
     detail = zone_detail(zone, latest)
     expected = {Zone.DONE: "done at 2026-08-08 14:07:12 (attempt 2)",
                 Zone.IN_DOUBT: "in doubt since 2026-08-08 14:07:12",
                 Zone.FAILED: "Rejected: card declined",
+                Zone.WAITING: "waiting since 2026-08-08 14:07:12",
                 Zone.NOT_STARTED: "remaining"}[zone]
     assert expected in detail
 

@@ -26,6 +26,8 @@ OPERATIONS = {
     ("POST", "/api/runs/{run_id}/cancel/"),
     ("POST", "/api/runs/{run_id}/retry/"),
     ("POST", "/api/runs/{run_id}/adopt_plan/"),
+    ("POST", "/api/runs/{run_id}/events/"),
+    ("POST", "/api/runs/{run_id}/decide/"),
 }
 EXAMPLES = 50  # per operation and pass: about 550 requests
 # Its only input is a free-form string in the path: every value is valid, so there is no invalid request to make.

@@ -4,7 +4,9 @@ Every kill is followed by a restart, as a supervisor would do; the far systems a
 one reply in a hundred (the effect happened, the caller never heard), so runs are left in doubt both by
 kills and by the far systems themselves. Meanwhile staff cancel one run in ten, wherever it is, and abandon
 every run that comes to wait for a person: those end unfinished and must give their stock reservation back,
-under workers that keep dying. When every run has completed or been cancelled, the ledgers must hold exactly
+under workers that keep dying. Beside them, WAITS runs of tests.workflows' `waiting` wait for a supplier's
+confirmation that the soak sends (twice, as a retried webhook) at random moments, before or while they wait.
+When every run has completed or been cancelled, the ledgers must hold exactly
 one effect per key at the payment provider, the carrier, the portal, the warehouse (and the credit vendor),
 the record and the ledgers must agree in both directions, and no run that ended unfinished still holds stock.
 """
@@ -19,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+import durableruns
 from durableruns import services
 from durableruns.errors import AlreadyDecided, RunNotActionable
-from durableruns.models import Escalation, RunState, RunStatus, RunStep
+from durableruns.models import Escalation, RunEvent, RunState, RunStatus, RunStep
 from project.purchasing.far import FarSystems
 from tests.conftest import Workers, wait_until
 from tests.faults.conftest import Report
@@ -49,7 +52,21 @@ LINES = 30  # fewer lines than the real 240 keep the soak short; the loop still 
 SOAK_ENV = dict(PO_ENV, FAR_LATENCY="0.005", FAR_LOST_REPLY_RATE="0.01", PURCHASING_QUOTE_ITEM_SECONDS="0.002")
 KILLING_FOR = 150.0  # seconds of random kills at most; then the survivors finish what is left
 SETTLED = {RunStatus.COMPLETED, RunStatus.CANCELLED}
+WAITS = 20  # runs that wait for an event the soak sends
 CANCELLED_EVERY = 10  # staff cancel runs 5, 15, 25, ... a third of the way into the kills
+
+
+def confirm_some(waiting: list[str], rng: random.Random, k: int = 3) -> None:
+    """A partner's webhook: confirm a few waiting runs (each with its key: a retry is recorded once)."""
+    for run_id in rng.sample(waiting, k=min(k, len(waiting))):
+        try:
+            durableruns.send(run_id, "supplier_confirmed", {"ref": run_id}, key=f"{run_id}:webhook")
+        except durableruns.errors.RunNotActionable:  # abandoned by staff meanwhile
+            continue
+
+
+def sent_for(far: FarSystems, run_id: str) -> int:
+    return sum(e["payload"]["subject"] == f"{run_id}:confirmed" for e in far.email.effects())
 
 
 def active() -> int:
@@ -85,7 +102,7 @@ def cancel_some(run_ids: list[str]) -> int:
 def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
     concurrency: int, far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
 ) -> None:
-    counts = soak(RUNS, KILLING_FOR, concurrency=concurrency, far=far, workers=workers, folder=tmp_path)
+    counts = soak(RUNS, KILLING_FOR, concurrency=concurrency, far=far, workers=workers, folder=tmp_path, waits=WAITS)
     fault_report(f"soak with {concurrency} thread(s) per worker", counts)
 
 
@@ -100,11 +117,14 @@ def test_a_short_soak_through_pgbouncer_leaves_one_effect_per_key(
 
 
 def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, workers: Workers, folder: Path,
-         route: dict[str, str] | None = None) -> dict[str, int]:
-    """Start `runs` orders, kill two workers at random for up to `killing_for` seconds, let the survivors finish,
-    and check the record and the ledgers; return the counts. `route` (DATABASE_URL): how the workers connect."""
+         route: dict[str, str] | None = None, waits: int = 0) -> dict[str, int]:
+    """Start `runs` orders and `waits` runs that wait for a supplier's confirmation, kill two workers at random
+    for up to `killing_for` seconds (sending confirmations meanwhile), let the survivors finish, and check the
+    record and the ledgers; return the counts. `route` (DATABASE_URL): how the workers connect."""
     tmp_path = folder
     run_ids = [start_purchase(f"PO-soak-{i:03d}", 1000 + i, lines=LINES) for i in range(runs)]
+    waiting = [durableruns.start("waiting", {"total": 5, "cool_off": 0.3}, run_id=f"WAIT-soak-{i:02d}")
+               for i in range(waits)]
     rng = random.Random(20260808)
     generation = 0
 
@@ -121,6 +141,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     cancel_at = killing_for / 30
     while active() and time.monotonic() - began < killing_for:
         abandoned += abandon_waiting()
+        confirm_some(waiting, rng)
         if cancel_at is not None and time.monotonic() - began >= cancel_at:
             cancelled, cancel_at = cancel_some(run_ids), None
         time.sleep(rng.uniform(0.2, 1.5) / (3 if concurrency > 1 else 1))  # 8 threads drain 3 times sooner
@@ -136,6 +157,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
         slots[slot] = launch(slot)
 
     deadline = time.monotonic() + 120
+    confirm_some(waiting, rng, k=len(waiting))  # every confirmation sent by now (again for most: recorded once)
     while active() and time.monotonic() < deadline:
         abandoned += abandon_waiting()
         time.sleep(0.2)
@@ -149,7 +171,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
 
     # Every run completed, or was cancelled or abandoned by staff and gave back what it held; nobody waits.
     status = Counter(RunState.objects.values_list("status", flat=True))
-    assert set(status) <= SETTLED and sum(status.values()) == runs, status
+    assert set(status) <= SETTLED and sum(status.values()) == runs + waits, status
     unfinished = set(RunState.objects.filter(status=RunStatus.CANCELLED).values_list("run_id", flat=True))
     finished = [run_id for run_id in run_ids if run_id not in unfinished]
     assert Escalation.objects.open().count() == 0
@@ -194,6 +216,19 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
         assert key == f"{run_id}:{step}"
         assert matches_ledger(step, result, ledger_view(far, step, key)), (run_id, step, result)
 
+    # Each waiting run's confirmation was recorded once and consumed once, by its wait's one completed attempt;
+    # the step after it saw the payload.
+    for run_id in waiting:
+        events = list(RunEvent.objects.filter(run_id=run_id))
+        assert len(events) <= 1, run_id
+        if run_id not in unfinished:
+            (event,) = events
+            assert (event.consumed_step, event.consumed_attempt) == ("supplier_confirmed", 1), run_id
+            notified = RunStep.objects.get(run_id=run_id, step="notify_buyer", status="completed")
+            assert notified.result["saw"] == {"ref": run_id}, run_id
+            assert sent_for(far, run_id) == 1, run_id
+        assert RunStep.objects.filter(run_id=run_id, step="supplier_confirmed", status="completed").count() <= 1
+
     # One email per completed run, at most one per run that ended unfinished, none twice.
     sent = Counter(e["payload"]["subject"] for e in far.email.effects())
     assert max(sent.values()) == 1
@@ -206,7 +241,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     by_lookup = RunStep.objects.filter(resolution="lookup").count()
     assert kills >= 10 and left_in_doubt + by_lookup > 0
     assert cancelled > 0 and len(unfinished) == cancelled + abandoned, (cancelled, abandoned, len(unfinished))
-    return {"runs": runs, "kills": kills, "effects": total_effects(far),
+    return {"runs": runs, "waiting runs": waits, "kills": kills, "effects": total_effects(far),
             "duplicates": sum(map(len, duplicates(far).values())),
             "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
             "cancelled": cancelled, "abandoned": abandoned, "reservations released": len(releases),

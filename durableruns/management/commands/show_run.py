@@ -11,7 +11,7 @@ from django.utils import timezone
 from durableruns import services
 from durableruns.errors import RunNotFound
 from durableruns.holdings import lapse_phrase
-from durableruns.models import RunStep
+from durableruns.models import RunEvent, RunStep
 
 
 class Command(BaseCommand):
@@ -64,6 +64,13 @@ class Command(BaseCommand):
             if a.error:
                 line += f"\n      error: {a.error.splitlines()[-1]}"
             self.stdout.write(line)
+        events = list(RunEvent.objects.filter(run_id=run.run_id).order_by("sent_at", "id"))
+        self.stdout.write("events:" if events else "events: none sent")
+        for e in events:
+            consumed = (f"consumed by {e.consumed_step} #{e.consumed_attempt} at {_clock(e.consumed_at, tz)}"
+                        if e.consumed_at else "kept: no wait has consumed it")
+            self.stdout.write(f"  {e.event:<20} sent={_clock(e.sent_at, tz)} key={e.key or '-'} {consumed}"
+                              f"\n      payload: {json.dumps(e.payload, sort_keys=True)}")
 
 
 def _clock(when: Any, tz: Any) -> str:

@@ -1,0 +1,202 @@
+"""durableruns.waits: each wait kind's next move from the record alone, as tables; the declarations it refuses."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from durableruns import Workflow
+from durableruns.boundary import StepAttempt, compute_boundary
+from durableruns.errors import DeclarationError
+from durableruns.waits import (
+    Decision,
+    Event,
+    Facts,
+    Kind,
+    Move,
+    OnReject,
+    OnTimeout,
+    Wait,
+    needs_asking,
+    next_move,
+)
+
+T0 = datetime(2026, 12, 2, 14, 7, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+def begun(until: datetime | None, *, attempt: int = 1, event: str = "") -> StepAttempt:
+    progress: dict[str, object] = {"until": until.isoformat() if until else None}
+    if event:
+        progress["event"] = event
+    return StepAttempt(step="w", attempt=attempt, status="started", started_at=T0, progress=progress)
+
+
+SLEEP = Wait(kind=Kind.SLEEP)
+FOR = Wait(kind=Kind.WAIT_FOR, event="go", timeout=HOUR, on_timeout=OnTimeout.FAIL)
+FOR_ESCALATE = Wait(kind=Kind.WAIT_FOR, event="go", timeout=HOUR, on_timeout=OnTimeout.ESCALATE)
+FOR_CONTINUE = Wait(kind=Kind.WAIT_FOR, event="go", timeout=HOUR, on_timeout=OnTimeout.CONTINUE)
+FOR_EVER = Wait(kind=Kind.WAIT_FOR, event="go")
+APPROVAL = Wait(kind=Kind.APPROVAL, timeout=HOUR, on_timeout=OnTimeout.ESCALATE, on_reject=OnReject.CANCEL)
+APPROVAL_GOES_ON = Wait(kind=Kind.APPROVAL, on_reject=OnReject.CONTINUE)
+EVENT = Event(id=7, payload={"ref": "S1"})
+YES = Decision(approved=True, by="ann", note="fine", at=T0)
+NO = Decision(approved=False, by="bob", note="too dear", at=T0)
+
+
+@pytest.mark.parametrize(
+    ("wait", "facts", "move", "until", "result", "fresh"),
+    [
+        # a sleep begins with its wake time computed once from the database's now, and records it
+        (SLEEP, Facts(now=T0, asked=HOUR), Move.BEGIN, T0 + HOUR, None, True),
+        (SLEEP, Facts(now=T0, asked=T0 + 2 * HOUR), Move.BEGIN, T0 + 2 * HOUR, None, True),
+        (SLEEP, Facts(now=T0, asked=T0 - HOUR), Move.COMPLETE, None, {"until": (T0 - HOUR).isoformat()}, True),
+        # once begun, the recorded time decides; whatever it would be asked now is not asked
+        (SLEEP, Facts(now=T0 + HOUR / 2, attempt=begun(T0 + HOUR)), Move.WAIT, T0 + HOUR, None, False),
+        (SLEEP, Facts(now=T0 + HOUR, attempt=begun(T0 + HOUR)), Move.COMPLETE, None,
+         {"until": (T0 + HOUR).isoformat()}, False),
+        # a wait for an event: an event kept from before completes it at once, consuming it
+        (FOR, Facts(now=T0, event=EVENT), Move.COMPLETE, None, {"ref": "S1"}, True),
+        (FOR, Facts(now=T0), Move.BEGIN, T0 + HOUR, None, True),
+        (FOR_EVER, Facts(now=T0), Move.BEGIN, None, None, True),
+        (FOR, Facts(now=T0 + HOUR / 2, attempt=begun(T0 + HOUR, event="go")), Move.WAIT, T0 + HOUR, None, False),
+        (FOR, Facts(now=T0 + HOUR / 2, attempt=begun(T0 + HOUR, event="go"), event=EVENT), Move.COMPLETE, None,
+         {"ref": "S1"}, False),
+        (FOR_EVER, Facts(now=T0 + 1000 * HOUR, attempt=begun(None, event="go")), Move.WAIT, None, None, False),
+        # timeouts, by mode
+        (FOR, Facts(now=T0 + HOUR, attempt=begun(T0 + HOUR, event="go")), Move.FAIL, None, None, False),
+        (FOR_ESCALATE, Facts(now=T0 + HOUR, attempt=begun(T0 + HOUR, event="go")), Move.ESCALATE, None, None,
+         False),
+        (FOR_CONTINUE, Facts(now=T0 + HOUR, attempt=begun(T0 + HOUR, event="go")), Move.COMPLETE, None, None,
+         False),
+        # an event that came after the deadline but before the worker looked still completes the wait
+        (FOR, Facts(now=T0 + 2 * HOUR, attempt=begun(T0 + HOUR, event="go"), event=EVENT), Move.COMPLETE, None,
+         {"ref": "S1"}, False),
+        # after an escalation: open holds; did_not_happen waits again for another timeout; abandon cancels
+        (FOR_ESCALATE, Facts(now=T0 + HOUR, attempt=begun(T0 + HOUR, event="go"), escalation_open=True),
+         Move.HOLD, None, None, False),
+        (FOR_ESCALATE, Facts(now=T0 + 3 * HOUR, attempt=begun(T0 + HOUR, event="go"), staff="did_not_happen"),
+         Move.BEGIN, T0 + 4 * HOUR, None, True),
+        (FOR_ESCALATE, Facts(now=T0 + 3 * HOUR, attempt=begun(T0 + HOUR, event="go"), staff="abandon"),
+         Move.CANCEL, None, None, False),
+        # approvals
+        (APPROVAL, Facts(now=T0), Move.BEGIN, T0 + HOUR, None, True),
+        (APPROVAL_GOES_ON, Facts(now=T0), Move.BEGIN, None, None, True),
+        (APPROVAL, Facts(now=T0, attempt=begun(T0 + HOUR)), Move.WAIT, T0 + HOUR, None, False),
+        (APPROVAL, Facts(now=T0, attempt=begun(T0 + HOUR), decision=YES), Move.COMPLETE, None,
+         {"approved": True, "by": "ann", "note": "fine", "at": T0.isoformat()}, False),
+        (APPROVAL, Facts(now=T0, attempt=begun(T0 + HOUR), decision=NO), Move.CANCEL, None,
+         {"approved": False, "by": "bob", "note": "too dear", "at": T0.isoformat()}, False),
+        (APPROVAL_GOES_ON, Facts(now=T0, attempt=begun(None), decision=NO), Move.COMPLETE, None,
+         {"approved": False, "by": "bob", "note": "too dear", "at": T0.isoformat()}, False),
+        (APPROVAL, Facts(now=T0 + HOUR, attempt=begun(T0 + HOUR)), Move.HOLD, None, None, False),
+        # a decision recorded while overdue still counts
+        (APPROVAL, Facts(now=T0 + 5 * HOUR, attempt=begun(T0 + HOUR), decision=YES), Move.COMPLETE, None,
+         {"approved": True, "by": "ann", "note": "fine", "at": T0.isoformat()}, False),
+    ],
+)
+def test_next_move(wait, facts, move, until, result, fresh):
+    got = next_move(wait, "w", facts)
+    assert (got.move, got.until, got.result, got.fresh) == (move, until, result, fresh), got
+
+
+def test_a_begun_wait_records_what_it_waits_for_and_until_when():
+    got = next_move(FOR, "w", Facts(now=T0))
+    assert got.detail == {"until": (T0 + HOUR).isoformat(), "event": "go", "kind": "wait_for"}
+    slept = next_move(SLEEP, "w", Facts(now=T0, asked=HOUR)).detail
+    assert slept == {"until": (T0 + HOUR).isoformat(), "kind": "sleep"}
+
+
+def test_an_event_consumed_is_named_and_a_timeout_reason_names_the_wait():
+    assert next_move(FOR, "w", Facts(now=T0, event=EVENT)).event_id == 7
+    failed = next_move(FOR, "supplier_confirmed", Facts(now=T0 + HOUR, attempt=begun(T0 + HOUR, event="go")))
+    assert "supplier_confirmed" in failed.reason and "'go'" in failed.reason
+    rejected = next_move(APPROVAL, "manager_approval", Facts(now=T0, attempt=begun(None), decision=NO))
+    assert "bob" in rejected.reason and "too dear" in rejected.reason
+
+
+@pytest.mark.parametrize(
+    ("attempts", "asks"),
+    [
+        ([], True),
+        ([StepAttempt(step="s", attempt=1, status="failed", error="asking raised: ValueError")], True),
+        ([StepAttempt(step="s", attempt=1, status="failed", error="Rejected: no")], False),
+        ([StepAttempt(step="s", attempt=1, status="completed")], False),
+        ([StepAttempt(step="s", attempt=1, status="started")], False),
+    ],
+)
+def test_when_is_asked_until_an_attempt_records_its_answer(attempts, asks):
+    assert needs_asking(attempts) is asks
+
+
+def test_a_begun_wait_is_waiting_not_in_doubt_and_the_sentence_says_for_what_and_until_when():
+    attempts = [
+        StepAttempt(step="a", attempt=1, status="completed"),
+        begun(T0 + 48 * HOUR, event="go"),
+    ]
+    b = compute_boundary(("a", "w", "z"), attempts, waits={"w": "wait_for"})
+    assert b.in_doubt == [] and dict(b.waiting) == {"w": "wait_for"}
+    assert b.sentence(UTC) == (
+        "1 step complete, waiting for w since 14:07 (times out 2026-12-04 14:07), 2 steps remaining")
+    slept = compute_boundary(("w",), [begun(T0 + HOUR)], waits={"w": "sleep"})
+    assert slept.sentence(UTC) == "0 steps complete, w sleeping until 2026-12-02 15:07, 1 step remaining"
+    asked = compute_boundary(("w",), [begun(None)], waits={"w": "approval"})
+    assert asked.sentence(UTC) == "0 steps complete, waiting for approval w since 14:07, 1 step remaining"
+    from dataclasses import replace
+
+    assert replace(asked, status="cancelled").sentence(UTC) == "0 steps complete, w stopped waiting, 1 step remaining"
+    # without the plan's kinds a started row is in doubt, as before
+    assert compute_boundary(("w",), [begun(None)]).in_doubt == ["w"]
+
+
+# -- declarations -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "declare",
+    [
+        lambda wf: wf.sleep("s", timedelta(0)),
+        lambda wf: wf.sleep("s", timedelta(seconds=-1)),
+        lambda wf: wf.sleep("s"),
+        lambda wf: wf.sleep("s", HOUR, until=lambda ctx: T0),
+        lambda wf: wf.sleep("s", 5),
+        lambda wf: wf.wait_for("w", timeout=timedelta(0)),
+        lambda wf: wf.wait_for("w", timeout=timedelta(seconds=-5)),
+        lambda wf: wf.wait_for("w", timeout=HOUR, on_timeout="retry"),
+        lambda wf: wf.wait_for("w", on_timeout="escalate"),
+        lambda wf: wf.approval("a", timeout=timedelta(0)),
+        lambda wf: wf.approval("a", on_reject="ignore"),
+        lambda wf: wf.approval("a", when=True),
+        lambda wf: wf.step(policy="re_executable", when="yes"),
+    ],
+)
+def test_bad_waits_are_declaration_errors(declare):
+    with pytest.raises(DeclarationError):
+        declare(Workflow("unit_bad_waits", replace=True))
+
+
+def test_wait_steps_are_in_the_plan_and_its_fingerprint():
+    def build(kind: str) -> Workflow:
+        wf = Workflow("unit_waits_fp", replace=True)
+
+        @wf.step(policy="re_executable")
+        def a(ctx):
+            return {}
+
+        if kind == "sleep":
+            wf.sleep("w", HOUR)
+        elif kind == "wait_for":
+            wf.wait_for("w")
+        else:
+            wf.approval("w")
+        return wf
+
+    plans = {kind: build(kind).as_plan() for kind in ("sleep", "wait_for", "approval")}
+    assert plans["sleep"].steps == (("a", "re_executable"), ("w", "sleep"))
+    assert len({p.fingerprint for p in plans.values()}) == 3
+    assert plans["approval"].waits == {"w": "approval"}
+    twice = Workflow("unit_waits_twice", replace=True)
+    twice.sleep("w", HOUR)
+    with pytest.raises(DeclarationError):
+        twice.wait_for("w")
