@@ -93,6 +93,10 @@ class RunState(models.Model):
             # already indexed, so this adds no cost to a step's write.
             models.Index(fields=["workflow"], name="run_state_stopped_idx", condition=Q(status="needs_decision")),
             models.Index(fields=["-created_at"], name="run_state_created_idx"),
+            # Unfinished runs by plan: the admin's plan filter counts them per plan, and reading them through
+            # this index costs the few unfinished runs, not every run kept (a scan of run_state at a million).
+            models.Index(fields=["plan_fingerprint"], name="run_state_unfinished_plan_idx",
+                         condition=Q(status__in=["pending", "running", "waiting", "needs_decision"])),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),
