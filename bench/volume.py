@@ -93,17 +93,25 @@ def _indexes(schema: str) -> dict[str, str]:
 
 
 def sync_indexes(schema: str) -> list[str]:
-    """Make `schema`'s indexes those of the public tables (same names and definitions); return what changed."""
-    want = {name: d.replace(" ON public.", f" ON {schema}.", 1) for name, d in _indexes("public").items()}
+    """Make `schema`'s indexes those of the public tables (same names and definitions); return what changed.
+
+    What each was built from is kept in the schema's bench_indexes table: PostgreSQL spells a rebuilt partial
+    index's predicate differently from the migrated one, so the definitions are compared as built, not as read."""
+    want = _indexes("public")
+    app.execute(f"CREATE TABLE IF NOT EXISTS {schema}.bench_indexes (name text PRIMARY KEY, definition text)")
+    built = dict(app.execute(f"SELECT name, definition FROM {schema}.bench_indexes"))
     have = _indexes(schema)
     changed = []
-    for name, definition in have.items():
-        if want.get(name) != definition:
+    for name in have:
+        if name not in want or built.get(name) != want[name]:
             app.execute(f'DROP INDEX {schema}."{name}"')
+            app.execute(f"DELETE FROM {schema}.bench_indexes WHERE name = %s", [name])
             changed.append(f"dropped {name}")
     for name, definition in want.items():
-        if have.get(name) != definition:
-            app.execute(definition)
+        if name not in have or built.get(name) != definition:
+            app.execute(definition.replace(" ON public.", f" ON {schema}.", 1))
+            app.execute(f"INSERT INTO {schema}.bench_indexes VALUES (%s, %s) ON CONFLICT (name) DO UPDATE "
+                        "SET definition = EXCLUDED.definition", [name, definition])
             changed.append(f"built {name}")
     if changed:
         for table in TABLES:
