@@ -8,6 +8,11 @@ for a baseline with no prune running, then while `prune_runs --older-than 30` de
 the prune's wall time and rate, and the claim latency's percentiles in both phases.
 
     python -m bench.prune --runs 200000 [--db h16_bench_prune] [--out bench/results/prune.json]
+    nice -n 10 python -m bench.prune --runs 1000000 --claimers 2 [--reuse]   # two workers beside the prune
+
+With --claimers N, N claimer processes work side by side in both phases (a claim that finds the run it recorded
+taken by another is timed too). Meanwhile a thread samples pg_locks every 50 ms for any backend of the bench
+database waiting on a lock (pg_locks.waitstart): the longest wait seen, in each phase.
 
 With --queries it times instead what operators' tools read on a record of that size (with a few hundred active
 runs, attempts in doubt and open escalations beside the finished ones): the metrics view's gauges, the admin
@@ -61,9 +66,10 @@ def build(runs: int) -> None:
     app.execute("VACUUM ANALYZE run_step")
 
 
-def claimer(seconds: float, out: Path) -> None:
+def claimer(seconds: float, out: Path, *, shared: bool = False) -> None:
     """In this process: claim and work one fresh run after another for `seconds`, or until a file named like
-    `out` with `.stop` appended appears; then write each claim's latency to `out`."""
+    `out` with `.stop` appended appears; then write each claim's latency to `out`. With `shared` (other claimers
+    run beside it), a claim that finds the run it recorded taken by another is timed too, and not an error."""
     from durableruns import services, store
     from durableruns.engine import Engine
     from durableruns.registry import first_steps
@@ -71,22 +77,90 @@ def claimer(seconds: float, out: Path) -> None:
     samples: list[float] = []
     end = time.monotonic() + seconds
     stop = out.with_name(out.name + ".stop")
+    out.with_name(out.name + ".ready").touch()  # set up: the prune may start
     with Engine() as engine:
         while time.monotonic() < end and not stop.exists():
             services.start_run("bench_noop9", {})
             began = time.perf_counter()
-            claimed = store.claim(owner="bench-claimer", lease_seconds=30, first_steps=first_steps())
+            claimed = store.claim(owner=f"bench-claimer-{os.getpid()}", lease_seconds=30, first_steps=first_steps())
             samples.append(time.perf_counter() - began)
             if claimed is None:
-                raise RuntimeError("nothing to claim right after recording a run")
+                if not shared:
+                    raise RuntimeError("nothing to claim right after recording a run")
+                continue  # another claimer took the run this one recorded: a claim all the same
             engine.work(claimed)
     out.write_text(json.dumps(samples))
 
 
-def _start_claimer(dbname: str, seconds: float, out: Path) -> subprocess.Popen[str]:
+def _start_claimer(dbname: str, seconds: float, out: Path, *, shared: bool = False) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "bench.prune", "--db", dbname, "--claimer", str(seconds),
-                             "--samples", str(out)], cwd=app.ROOT, env=dict(os.environ, **app.site_env(dbname)),
-                            text=True)
+                             "--samples", str(out), *(["--shared"] if shared else [])], cwd=app.ROOT,
+                            env=dict(os.environ, **app.site_env(dbname)), text=True)
+
+
+def _claimers(dbname: str, count: int, seconds: float, out: Path) -> list[tuple[subprocess.Popen[str], Path]]:
+    """Start `count` claimer processes, each writing its samples to `out` with its number appended."""
+    files = [out.with_name(f"{out.stem}-{i}.json") for i in range(count)]
+    return [(_start_claimer(dbname, seconds, f, shared=count > 1), f) for f in files]
+
+
+def _collect(started: list[tuple[subprocess.Popen[str], Path]], what: str) -> list[float]:
+    samples: list[float] = []
+    for proc, file in started:
+        if proc.wait() != 0:
+            raise RuntimeError(f"a claimer {what} failed")
+        samples.extend(json.loads(file.read_text()))
+    return samples
+
+
+class LockWaits:
+    """Samples pg_locks every `every` seconds from its own connection, in a thread: the longest any backend of
+    the bench database has waited for a lock (pg_locks.waitstart, PostgreSQL 14+), and how many samples saw one
+    waiting. What log_lock_waits would log past deadlock_timeout, read without changing the shared server."""
+
+    def __init__(self, dbname: str, every: float = 0.05) -> None:
+        import threading
+
+        import psycopg
+
+        from bench.pg import conninfo
+
+        self._conn = psycopg.connect(conninfo(dbname), autocommit=True)
+        self._every = every
+        self._stop = threading.Event()
+        self.samples = 0
+        self.waiting_samples = 0
+        self.max_wait_s = 0.0
+        self.worst: list[Any] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            row = self._conn.execute(
+                "SELECT extract(epoch FROM clock_timestamp() - l.waitstart), l.locktype, l.mode, "
+                "l.relation::regclass::text, a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE NOT l.granted AND a.datname = current_database() AND l.waitstart IS NOT NULL "
+                "ORDER BY l.waitstart LIMIT 1").fetchone()
+            self.samples += 1
+            if row is None:
+                continue
+            self.waiting_samples += 1
+            if float(row[0]) > self.max_wait_s:
+                self.max_wait_s = float(row[0])
+                self.worst = [round(float(row[0]), 3), row[1], row[2], row[3], (row[4] or "")[:200]]
+
+    def __enter__(self) -> LockWaits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()
+
+    def figures(self) -> dict[str, Any]:
+        return {"samples": self.samples, "samples_with_a_waiter": self.waiting_samples,
+                "max_wait_s": round(self.max_wait_s, 3), "worst": self.worst}
 
 
 def _latency(samples: list[float]) -> dict[str, Any]:
@@ -182,14 +256,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline-seconds", type=float, default=20.0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--queries", action="store_true", help="Time the operators' reads instead of a prune.")
+    parser.add_argument("--claimers", type=int, default=1,
+                        help="claimer processes working beside the prune (2: two workers); default 1")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the old runs already built at --runs (a run that pruned them builds anew)")
     parser.add_argument("--claimer", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--samples", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--shared", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     app.configure(args.db)
     import bench.workflows  # noqa: F401  registers bench_noop9 in this process
 
     if args.claimer is not None:
-        claimer(args.claimer, args.samples)
+        claimer(args.claimer, args.samples, shared=args.shared)
         return
     if args.queries:
         figures = time_readers(args.runs)
@@ -197,12 +276,25 @@ def main(argv: list[str] | None = None) -> None:
             args.out.write_text(json.dumps(figures, indent=2) + "\n")
         print(json.dumps(figures, indent=2))
         return
+    if args.claimers < 1:
+        parser.error("--claimers must be at least 1")
     print(json.dumps(run(args.db, args.runs, batch_size=args.batch_size, baseline_seconds=args.baseline_seconds,
-                         out=args.out), indent=2))
+                         out=args.out, claimers=args.claimers, reuse=args.reuse), indent=2))
 
 
-def run(dbname: str, runs: int, *, batch_size: int, baseline_seconds: float, out: Path | None) -> dict[str, Any]:
-    """Build, time a baseline of claims, then prune while claiming; return (and write to `out`) the figures."""
+def _built(runs: int) -> bool:
+    """Whether the database holds exactly the old and young runs build(runs) records, and nothing else."""
+    counts = app.execute("SELECT count(*) FILTER (WHERE run_id LIKE 'old-%%'), "
+                         "count(*) FILTER (WHERE run_id LIKE 'young-%%'), count(*) FROM run_state")[0]
+    return counts == (runs, max(1, runs // 10), runs + max(1, runs // 10))
+
+
+def run(dbname: str, runs: int, *, batch_size: int, baseline_seconds: float, out: Path | None, claimers: int = 1,
+        reuse: bool = False) -> dict[str, Any]:
+    """Build, time a baseline of claims, then prune while claiming; return (and write to `out`) the figures.
+
+    `claimers` processes claim and work side by side in both phases; a thread samples the lock waits of the
+    bench database's backends in both."""
     import tempfile
 
     from django.core.management import call_command
@@ -210,27 +302,40 @@ def run(dbname: str, runs: int, *, batch_size: int, baseline_seconds: float, out
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         began = time.perf_counter()
-        build(runs)
+        reused = reuse and _built(runs)
+        if not reused:
+            build(runs)
         built = time.perf_counter() - began
-        base_file, during_file = workdir / "baseline.json", workdir / "during.json"
-        if _start_claimer(dbname, baseline_seconds, base_file).wait() != 0:
-            raise RuntimeError("the baseline claimer failed")
-        # The second claimer starts a moment before the prune and is told to stop when the prune returns.
-        during = _start_claimer(dbname, 36_000, during_file)
-        time.sleep(1.0)
-        began = time.perf_counter()
-        with open(os.devnull, "w") as devnull:
-            call_command("prune_runs", "--older-than", "30", "--batch-size", str(batch_size), stdout=devnull)
-        pruned = time.perf_counter() - began
-        during_file.with_name(during_file.name + ".stop").touch()
-        if during.wait() != 0:
-            raise RuntimeError("the claimer during the prune failed")
+        with LockWaits(dbname) as baseline_locks:
+            baseline = _collect(_claimers(dbname, claimers, baseline_seconds, workdir / "baseline.json"),
+                                "in the baseline")
+        # The claimers of the second phase start a moment before the prune and are told to stop when it returns.
+        with LockWaits(dbname) as prune_locks:
+            during = _claimers(dbname, claimers, 36_000, workdir / "during.json")
+            deadline = time.monotonic() + 120
+            while not all(f.with_name(f.name + ".ready").exists() for _, f in during):
+                if time.monotonic() > deadline or any(proc.poll() is not None for proc, _ in during):
+                    raise RuntimeError("a claimer did not start")
+                time.sleep(0.1)
+            time.sleep(1.0)
+            began = time.perf_counter()
+            with open(os.devnull, "w") as devnull:
+                call_command("prune_runs", "--older-than", "30", "--batch-size", str(batch_size), stdout=devnull)
+            pruned = time.perf_counter() - began
+            for _, file in during:
+                file.with_name(file.name + ".stop").touch()
+            during_samples = _collect(during, "during the prune")
         result: dict[str, Any] = {
-            "runs": runs, "attempts": runs * ATTEMPTS, "build_s": round(built, 1), "prune_s": round(pruned, 2),
-            "runs_per_s": round(runs / pruned), "batch_size": batch_size,
-            "claim_baseline": _latency(json.loads(base_file.read_text())),
-            "claim_during_prune": _latency(json.loads(during_file.read_text())),
+            "runs": runs, "attempts": runs * ATTEMPTS, "build_s": round(built, 1), "reused": reused,
+            "prune_s": round(pruned, 2), "runs_per_s": round(runs / pruned), "batch_size": batch_size,
+            "claimers": claimers,
+            "claim_baseline": _latency(baseline),
+            "claim_during_prune": _latency(during_samples),
+            "lock_waits_baseline": baseline_locks.figures(),
+            "lock_waits_during_prune": prune_locks.figures(),
         }
+        result["p99_during_over_baseline"] = round(result["claim_during_prune"]["p99_ms"]
+                                                   / result["claim_baseline"]["p99_ms"], 2)
     leftover = app.execute("SELECT count(*) FROM run_state WHERE run_id LIKE 'old-%%'")[0][0]
     leftover_steps = app.execute("SELECT count(*) FROM run_step WHERE run_id LIKE 'old-%%'")[0][0]
     if leftover or leftover_steps:

@@ -111,6 +111,10 @@ class RunState(models.Model):
             models.Index(fields=["-priority", "created_at"], name="run_state_ready_idx",
                          condition=Q(status__in=["pending", "running"])),
             models.Index(fields=["wake_at"], name="run_state_wake_idx", condition=Q(status="waiting")),
+            # Unfinished runs by plan: the admin's plan filter counts them per plan, and reading them through
+            # this index costs the few unfinished runs, not every run kept (a scan of run_state at a million).
+            models.Index(fields=["plan_fingerprint"], name="run_state_unfinished_plan_idx",
+                         condition=Q(status__in=["pending", "running", "waiting", "needs_decision"])),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 
@@ -74,6 +74,24 @@ class RunStateQuerySet(models.QuerySet):
         attempts = self.model._meta.get_field("attempts").related_model._default_manager
         return self.filter(status__in=("waiting", "needs_decision")).filter(
             models.Exists(attempts.filter(run_id=models.OuterRef("pk"), step=step, status="started")))
+
+    def workflow_names(self) -> list[str]:
+        """The distinct workflows of the runs kept, in order: one index probe per workflow (a recursive walk of
+        run_state_workflow_status_idx, each step the next name after the last), where SELECT DISTINCT would read
+        an index entry per run."""
+        table = connections[self.db].ops.quote_name(self.model._meta.db_table)
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(
+                f"WITH RECURSIVE names(workflow) AS (SELECT min(workflow) FROM {table} UNION ALL "
+                f"SELECT (SELECT min(workflow) FROM {table} WHERE workflow > names.workflow) FROM names "
+                "WHERE names.workflow IS NOT NULL) SELECT workflow FROM names WHERE workflow IS NOT NULL")
+            return [row[0] for row in cursor.fetchall()]
+
+    def having_effect_key_ids(self, key: str, limit: int = 1000) -> list[str]:
+        """The ids of runs with an attempt under `key` (at most `limit`), read by run_step's effect key index."""
+        attempts = self.model._meta.get_field("attempts").related_model._default_manager
+        return list(attempts.using(self.db).filter(effect_key=key).order_by().values_list("run_id", flat=True)
+                    .distinct()[:limit])
 
     def having_effect_key(self, key: str) -> RunStateQuerySet:
         """Runs with an attempt under `key` (EXISTS, so a run with many such attempts is listed once)."""

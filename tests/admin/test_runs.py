@@ -71,6 +71,50 @@ def test_search_finds_a_run_by_its_id_or_by_an_effect_key(as_viewer: Client):
     assert listed(as_viewer.get(RUNS, {"q": "po-43:third"})) == []
 
 
+def test_search_matches_the_beginning_of_a_run_id_not_its_middle(as_viewer: Client):
+    # The beginning is read through the primary key's index; a match anywhere would read every run kept.
+    escalated("po-41")
+    assert listed(as_viewer.get(RUNS, {"q": "po-"})) == ["po-41"]
+    assert listed(as_viewer.get(RUNS, {"q": "-41"})) == []
+
+
+def test_the_workflow_filter_offers_each_workflow_once_even_one_no_longer_declared(as_viewer: Client):
+    escalated("run-a")
+    failed("run-b")
+    make_run("order", run_id="ord-1")
+    completed("run-c")
+    RunState.objects.filter(pk="run-c").update(workflow="retired_flow")
+    cl = as_viewer.get(RUNS).context["cl"]
+    [spec] = [spec for spec in cl.filter_specs if spec.title == "workflow"]
+    assert [value for value, _ in spec.lookup_choices] == ["order", "retired_flow", "scripted"]
+    assert listed(as_viewer.get(RUNS, {"workflow__exact": "retired_flow"})) == ["run-c"]
+
+
+def test_the_list_counts_no_further_than_its_cap_and_says_so(as_viewer: Client, monkeypatch):
+    from durableruns.admin import CappedCountPaginator
+
+    for n in range(3):
+        completed(f"run-{n}")
+    monkeypatch.setattr(CappedCountPaginator, "CAP", 2)
+    html = as_viewer.get(RUNS).content.decode()
+    assert "more than 2 runs" in html
+    assert "1 run" in as_viewer.get(RUNS, {"q": "run-1"}).content.decode()
+
+
+def test_the_runs_list_reads_no_count_or_distinct_over_every_run(as_viewer: Client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    completed("run-a")
+    as_viewer.get(RUNS)  # warm: the session and the plan
+    with CaptureQueriesContext(connection) as seen:
+        assert as_viewer.get(RUNS).status_code == 200
+    sqls = [q["sql"] for q in seen.captured_queries]
+    assert not [sql for sql in sqls if "SELECT DISTINCT" in sql.upper()], sqls
+    counts = [sql for sql in sqls if "COUNT(" in sql.upper() and '"run_state"' in sql and "run_plan" not in sql]
+    assert counts and all("LIMIT 10001" in sql for sql in counts), counts
+
+
 # -- the run page -------------------------------------------------------------------------------------------
 
 

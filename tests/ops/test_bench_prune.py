@@ -56,3 +56,14 @@ def test_the_readers_bench_reports_each_reader_and_its_plans(tmp_path: Path):
     }
     assert readers["dashboard (build)"]["queries"] == 6
     assert all(reader["plans"] and reader["median_ms"] > 0 for reader in readers.values())
+
+
+def test_the_prune_bench_runs_two_claimers_and_samples_lock_waits(tmp_path: Path):
+    figures = run_bench(tmp_path, "--baseline-seconds", "2", "--batch-size", "100", "--claimers", "2")
+    assert figures["claimers"] == 2 and figures["young_kept"] == 30
+    assert figures["claim_baseline"]["n"] >= 2 and figures["claim_during_prune"]["n"] >= 2
+    for phase in ("lock_waits_baseline", "lock_waits_during_prune"):
+        waits = figures[phase]
+        assert waits["samples"] >= 1 and 0 <= waits["samples_with_a_waiter"] <= waits["samples"]
+        assert waits["max_wait_s"] < 1.0, waits  # no lock held past a batch, or a claimer's short fenced write
+    assert figures["p99_during_over_baseline"] > 0
