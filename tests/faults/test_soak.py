@@ -125,6 +125,9 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     run_ids = [start_purchase(f"PO-soak-{i:03d}", 1000 + i, lines=LINES) for i in range(runs)]
     waiting = [durableruns.start("waiting", {"total": 5, "cool_off": 0.3}, run_id=f"WAIT-soak-{i:02d}")
                for i in range(waits)]
+    # The workers load the probe, and tests.workflows where `waiting` is declared when there are waiting runs.
+    route = dict(route or {}, **({"DURABLERUNS_WORKFLOW_MODULES": "tests.faults.probe,tests.workflows"} if waits
+                                 else {}))
     rng = random.Random(20260808)
     generation = 0
 
@@ -133,7 +136,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
         generation += 1
         # -v 2: idle passes print their summary too, which is how the test knows the worker is up
         return spawn(workers, tmp_path, f"soak-{slot}-{generation}", "--loop", "--interval", "0.1",
-                     "--lease", "1", "-v", "2", "--concurrency", str(concurrency), **SOAK_ENV, **(route or {}))
+                     "--lease", "1", "-v", "2", "--concurrency", str(concurrency), **{**SOAK_ENV, **route})
 
     slots = {"A": launch("A"), "B": launch("B")}
     kills = abandoned = cancelled = 0
