@@ -139,7 +139,8 @@ def explain(finished: int) -> dict[str, Any]:
         with CaptureQueriesContext(connection) as captured:
             store.claim(owner=OWNER, lease_seconds=30)
         statement = captured.captured_queries[-1]["sql"]
-        planning, _, update = statement.rpartition(";\n")  # the claim's SET LOCAL, then its UPDATE
+        # the claim's SET LOCAL, then its statement (whose own text may hold ";\n", in a comment)
+        planning, _, update = statement.partition(";\n") if statement.startswith("SET LOCAL") else ("", "", statement)
         with connection.cursor() as cursor:
             cursor.execute(f"{planning};\nEXPLAIN {update}" if planning else f"EXPLAIN {update}")
             if planning:

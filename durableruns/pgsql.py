@@ -65,7 +65,7 @@ WITH claimed AS (
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s
    WHERE run_id = (
          -- The due run of two probes: the pending (or abandoned) run of highest priority, the oldest among equals,
-         -- walking run_state_ready_idx, and the waiting run whose wake time came first, walking run_state_wake_idx;
+         -- walking run_state_ready_idx, and the waiting run whose wake time came first, walking run_state_wake_idx:
          -- runs asleep (any number, holding nothing) are never walked past. Each probe locks at most one row,
          -- skipping locked ones. A woken run of the same priority comes first if it is the older.
          WITH ready AS MATERIALIZED (

@@ -130,6 +130,7 @@ def test_the_wheel_holds_the_app_only(wheel: Path):
         "Django",
         "djangorestframework",
         "drf-spectacular",
+        "cronsim",  # schedules' cron expressions
     ]
     assert "Requires-Dist: Django<6.2,>=5.2" in metadata
     assert 'Requires-Dist: psycopg[binary]>=3.2; extra == "postgres"' in metadata
@@ -417,7 +418,8 @@ def test_fuzzing_the_bare_sites_schema_finds_no_server_error(site: BareSite):
                 case.validate_response(response, checks=[not_a_server_error])
 
             call()
-    assert len(statuses) == 8  # list, start, read, cancel, retry, adopt_plan; the queue and its decide
+    # list, start, read, cancel, retry, adopt_plan, events, decide (an approval); the queue and its decide
+    assert len(statuses) == 10
     assert 200 in statuses["GET /api/runs/"] and 201 in statuses["POST /api/runs/"], json.dumps(
         {k: sorted(v) for k, v in statuses.items()}
     )
