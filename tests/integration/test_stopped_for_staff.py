@@ -3,6 +3,8 @@ its last error; and a single pass (--once) with DURABLERUNS_LOOKUP_RETRY_SECONDS
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from durableruns import services
@@ -55,7 +57,12 @@ def test_a_pass_leaves_a_run_due_again_at_once_to_the_next_and_works_the_others(
 @pytest.mark.postgres
 def test_resume_runs_once_with_lookup_retry_zero_ends(workers):
     run_id = in_doubt_whose_lookup_raises()
-    done = workers.run("--once", timeout=30, DURABLERUNS_LOOKUP_RETRY_SECONDS="0")  # timed out before
+    # Before, this pass did not end: 455 turns of the one run in 20 s.
+    done = workers.run("--once", "--concurrency", "4", timeout=30, DURABLERUNS_LOOKUP_RETRY_SECONDS="0")
     assert done.returncode == 0, done.stderr
-    assert "1 run(s) handled" in done.stdout, done.stdout
-    assert "(raised 1 of 120 times in a row" in RunState.objects.get(pk=run_id).reason
+    # The pass leaves the run, due again at once, to the next pass. Another of its threads may take the run in the
+    # moment between its release and the pass noting it: at most one turn a thread, never a spin.
+    handled = re.search(r"(\d+) run\(s\) handled", done.stdout)
+    assert handled is not None and 1 <= int(handled.group(1)) <= 4, done.stdout
+    raised = re.search(r"\(raised (\d+) of 120 times in a row", RunState.objects.get(pk=run_id).reason)
+    assert raised is not None and 1 <= int(raised.group(1)) <= 4
