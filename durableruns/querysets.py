@@ -71,7 +71,7 @@ class RunStateQuerySet(models.QuerySet):
 
     def waiting_for(self, step: str) -> RunStateQuerySet:
         """Runs waiting at the wait step `step` (its attempt begun, not over): a sleep, an event, an approval."""
-        attempts = self.model._meta.get_field("attempts").related_model._default_manager
+        attempts = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager
         return self.filter(status__in=("waiting", "needs_decision")).filter(
             models.Exists(attempts.filter(run_id=models.OuterRef("pk"), step=step, status="started")))
 
@@ -89,7 +89,7 @@ class RunStateQuerySet(models.QuerySet):
 
     def having_effect_key_ids(self, key: str, limit: int = 1000) -> list[str]:
         """The ids of runs with an attempt under `key` (at most `limit`), read by run_step's effect key index."""
-        attempts = self.model._meta.get_field("attempts").related_model._default_manager
+        attempts = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager
         return list(attempts.using(self.db).filter(effect_key=key).order_by().values_list("run_id", flat=True)
                     .distinct()[:limit])
 

@@ -31,16 +31,16 @@ try:  # Django 6
     from django.tasks.exceptions import TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued
 except ImportError:  # Django 5.2, with the django-tasks backport
-    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-    from django_tasks.base import (  # type: ignore[no-redef]
+    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef,assignment,unused-ignore]
+    from django_tasks.base import (  # type: ignore[no-redef,assignment,unused-ignore]
         Task,
         TaskContext,
         TaskError,
         TaskResult,
         TaskResultStatus,
     )
-    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
-    from django_tasks.signals import task_enqueued  # type: ignore[no-redef]
+    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef,assignment,unused-ignore]
+    from django_tasks.signals import task_enqueued  # type: ignore[no-redef,assignment,unused-ignore]
 
 BACKEND = "durableruns.tasks.DurableRunsBackend"
 WORKFLOW = "durableruns.task"
@@ -105,7 +105,7 @@ class DurableRunsBackend(BaseTaskBackend):
         """Record a run of the task with these args and kwargs; return its TaskResult (READY)."""
         self.validate_task(task)
         run_id = f"{task.name[:100]}-{uuid.uuid4().hex}"
-        result = TaskResult(
+        result: Any = TaskResult(
             task=task,
             id=run_id,
             status=TaskResultStatus.READY,
@@ -165,10 +165,10 @@ def result_of(run_id: str) -> TaskResult:
         run_after=datetime.fromisoformat(run.input["run_after"]) if run.input.get("run_after") else None,
     )
     finished = run.status in _FINISHED
-    result = TaskResult(
+    result: Any = TaskResult(
         task=task,
         id=run.run_id,
-        status=_STATUS.get(run.status, TaskResultStatus.RUNNING),
+        status=_STATUS.get(run.status, TaskResultStatus.RUNNING),  # type: ignore[call-overload,unused-ignore]
         enqueued_at=run.created_at,
         started_at=attempts[0].started_at if attempts else None,
         finished_at=_finished_at(run, attempts) if finished else None,
