@@ -883,6 +883,13 @@ def record_staff_action(
             raise RunNotActionable(
                 f"cannot {action} a run that is {run.status}", run_id=run_id, status=run.status
             )
+        if action == Intervention.Action.CANCEL and run.ending == RunStatus.CANCELLED:
+            # Already being cancelled (by a cancel or an abandon): a worker is giving back what it holds. A
+            # second act would be a second record of the same decision.
+            raise RunNotActionable(
+                f"the run is already being cancelled ({run.reason}): a worker is giving back what it holds",
+                run_id=run_id, status=run.status,
+            )
         status_fields: dict[str, Any] = {"status": new_status}
         if action == Intervention.Action.CANCEL:
             status_fields = _ending_fields(run_id, new_status)

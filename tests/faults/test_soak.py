@@ -24,7 +24,7 @@ import pytest
 import durableruns
 from durableruns import services
 from durableruns.errors import AlreadyDecided, RunNotActionable
-from durableruns.models import Escalation, RunEvent, RunState, RunStatus, RunStep
+from durableruns.models import Escalation, Intervention, RunEvent, RunState, RunStatus, RunStep
 from project.purchasing.far import FarSystems
 from tests.conftest import Workers, wait_until
 from tests.faults.conftest import Report
@@ -50,9 +50,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pyt
 RUNS = 200
 LINES = 30  # fewer lines than the real 240 keep the soak short; the loop still checkpoints (at 25)
 SOAK_ENV = dict(PO_ENV, FAR_LATENCY="0.005", FAR_LOST_REPLY_RATE="0.01", PURCHASING_QUOTE_ITEM_SECONDS="0.002")
-KILLING_FOR = 150.0  # seconds of random kills at most; then the survivors finish what is left
+KILLING_FOR = 90.0  # seconds of random kills at most; then the survivors finish what is left
 SETTLED = {RunStatus.COMPLETED, RunStatus.CANCELLED}
 WAITS = 20  # runs that wait for an event the soak sends
+MIN_LIFE = 1.5  # seconds a worker lives at least before the soak may kill it
 CANCELLED_EVERY = 10  # staff cancel runs 5, 15, 25, ... a third of the way into the kills
 
 
@@ -74,27 +75,27 @@ def active() -> int:
     return RunState.objects.filter(status__in=(*ACTIVE, RunStatus.NEEDS_DECISION)).count()
 
 
-def abandon_waiting() -> int:
+def abandon_waiting() -> set[str]:
     """Staff abandon every run that waits for a decision (on its notify_buyer: they will not check the outbox)."""
-    abandoned = 0
+    abandoned = set()
     for escalation in Escalation.objects.open().filter(step="notify_buyer"):
         try:
             services.resolve_escalation(escalation.pk, "abandon", by="soak-staff", note="the buyer withdrew")
         except (AlreadyDecided, RunNotActionable):
             continue
-        abandoned += 1
+        abandoned.add(escalation.run_id)
     return abandoned
 
 
-def cancel_some(run_ids: list[str]) -> int:
+def cancel_some(run_ids: list[str]) -> set[str]:
     """Staff cancel one run in ten wherever it stands (a completed one cannot be: it is left alone)."""
-    cancelled = 0
+    cancelled = set()
     for run_id in run_ids[5::CANCELLED_EVERY]:
         try:
             services.cancel_run(run_id, by="soak-staff", note="the order was withdrawn")
         except RunNotActionable:
             continue
-        cancelled += 1
+        cancelled.add(run_id)
     return cancelled
 
 
@@ -110,7 +111,7 @@ def test_a_short_soak_through_pgbouncer_leaves_one_effect_per_key(
     far: FarSystems, workers: Workers, bouncer: PgBouncer, tmp_path: Path, fault_report: Report
 ) -> None:
     """The same soak, shorter, with every worker reaching the database through PgBouncer in transaction pooling."""
-    counts = soak(40, 30.0, concurrency=4, far=far, workers=workers, folder=tmp_path,
+    counts = soak(60, 30.0, concurrency=2, far=far, workers=workers, folder=tmp_path,
                   route={"DATABASE_URL": bouncer.url})
     assert "prepared statement" not in bouncer.log()
     fault_report("soak through PgBouncer", counts)
@@ -139,16 +140,22 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
                      "--lease", "1", "-v", "2", "--concurrency", str(concurrency), **{**SOAK_ENV, **route})
 
     slots = {"A": launch("A"), "B": launch("B")}
-    kills = abandoned = cancelled = 0
+    born = dict.fromkeys(slots, time.monotonic())
+    kills = 0
+    abandoned: set[str] = set()
+    cancelled: set[str] = set()
     began = time.monotonic()
     cancel_at = killing_for / 30
     while active() and time.monotonic() - began < killing_for:
-        abandoned += abandon_waiting()
+        abandoned |= abandon_waiting()
         confirm_some(waiting, rng)
         if cancel_at is not None and time.monotonic() - began >= cancel_at:
             cancelled, cancel_at = cancel_some(run_ids), None
         time.sleep(rng.uniform(0.2, 1.5) / (3 if concurrency > 1 else 1))  # 8 threads drain 3 times sooner
         slot = rng.choice(sorted(slots))
+        # A worker lives long enough to load Django and claim work: killed sooner, on a loaded machine it would die
+        # before its first claim again and again, and the soak would kill nothing in hand.
+        time.sleep(max(0.0, born[slot] + MIN_LIFE - time.monotonic()))
         victim = slots[slot].proc
         if victim.poll() is None:
             victim.kill()  # SIGKILL, wherever it is: between commits, inside a far call, mid-loop
@@ -158,11 +165,12 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
             out, err = slots[slot].output()
             pytest.fail(f"worker {slot} exited by itself ({victim.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
         slots[slot] = launch(slot)
+        born[slot] = time.monotonic()
 
     deadline = time.monotonic() + 120
     confirm_some(waiting, rng, k=len(waiting))  # every confirmation sent by now (again for most: recorded once)
     while active() and time.monotonic() < deadline:
-        abandoned += abandon_waiting()
+        abandoned |= abandon_waiting()
         time.sleep(0.2)
     for worker in slots.values():  # SIGTERM ends --loop cleanly once the command has installed its handler
         wait_until(lambda: worker.out.stat().st_size > 0 or worker.proc.poll() is not None, what="a first pass")
@@ -243,9 +251,13 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     left_in_doubt = RunStep.objects.filter(status="started").count()
     by_lookup = RunStep.objects.filter(resolution="lookup").count()
     assert kills >= 10 and left_in_doubt + by_lookup > 0
-    assert cancelled > 0 and len(unfinished) == cancelled + abandoned, (cancelled, abandoned, len(unfinished))
+    # Each run staff cancelled or abandoned ended cancelled, and no other run did.
+    assert cancelled and not cancelled & abandoned and unfinished == cancelled | abandoned, {
+        run_id: (RunState.objects.get(pk=run_id).status, run_id in cancelled, run_id in abandoned,
+                 list(Intervention.objects.filter(run_id=run_id).values_list("action", "step", "decided_at")))
+        for run_id in unfinished ^ (cancelled | abandoned) | cancelled & abandoned}
     return {"runs": runs, "waiting runs": waits, "kills": kills, "effects": total_effects(far),
             "duplicates": sum(map(len, duplicates(far).values())),
             "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
-            "cancelled": cancelled, "abandoned": abandoned, "reservations released": len(releases),
+            "cancelled": len(cancelled), "abandoned": len(abandoned), "reservations released": len(releases),
             "holds leaked": len(leaked(far, unfinished))}

@@ -14,8 +14,9 @@ from django.utils import timezone
 
 import durableruns
 from durableruns import services
+from durableruns.errors import RunNotActionable
 from durableruns.holdings import HoldState
-from durableruns.models import Escalation, Resolution, RunState, RunStatus, RunStep
+from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep
 from project.purchasing.far import FarSystems
 from tests.conftest import Workers, wait_until
 from tests.factories import make_run
@@ -84,6 +85,11 @@ def test_staff_ending_a_run_leave_the_releases_to_a_worker(how: str, far: FarSys
     # The web request only recorded the act: nothing was released inline, a worker will.
     assert (run.status, run.ending) == (RunStatus.PENDING, RunStatus.CANCELLED)
     assert far.warehouse.releases() == []
+    # Already being cancelled: a second cancel (another member of staff, a second click) records nothing.
+    acts = Intervention.objects.filter(run_id=run_id).count()
+    with pytest.raises(RunNotActionable, match="already being cancelled"):
+        services.cancel_run(run_id, by="bob", note="the buyer withdrew")
+    assert Intervention.objects.filter(run_id=run_id).count() == acts
     work(workers)
     run = RunState.objects.get(pk=run_id)
     assert (run.status, run.ending) == (RunStatus.CANCELLED, "")
