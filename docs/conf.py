@@ -46,7 +46,6 @@ myst_heading_anchors = 3
 default_role = "literal"
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_default_options = {"show-inheritance": False}
 
 html_theme = "furo"
 html_title = f"durableruns {release}"
