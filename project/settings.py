@@ -73,7 +73,7 @@ DATABASES = {
 }
 if env("LISTEN_DATABASE_URL", default=""):
     # The same PostgreSQL reached directly, for the worker's LISTEN alone, when DATABASE_URL goes through a
-    # transaction pooler (README, "PgBouncer").
+    # transaction pooler (docs/howto/pgbouncer.md).
     DATABASES["listen"] = env.db("LISTEN_DATABASE_URL")
     DURABLERUNS_LISTEN_DATABASE = "listen"
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -98,7 +98,7 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# No REST_FRAMEWORK block: durableruns' API declares its own policy on its views (see the README's settings).
+# No REST_FRAMEWORK block: durableruns' API declares its own policy on its views (see docs/reference/settings.md).
 SPECTACULAR_SETTINGS = {
     # the demo's API docs page loads Swagger UI from drf-spectacular-sidecar, never from a CDN
     "SWAGGER_UI_DIST": "SIDECAR",
