@@ -147,9 +147,9 @@ class RunCount(models.Model):
                              "SQLite, whose gauge counts run_state itself). Goes down when a run is pruned, deleted "
                              "or retried.")
     finished = models.BigIntegerField(
-        default=0, help_text="Times a run of this workflow entered this status, in this shard, since the migration that "
-                             "made this table (which counted the runs then present). Never goes down: a prune removes rows, not "
-                             "what happened.")
+        default=0, help_text="Times a run of this workflow entered this status, in this shard, since the migration "
+                             "that made this table (which counted the runs then present). Never goes down: a prune "
+                             "removes rows, not what happened.")
 
     class Meta:
         db_table = "run_count"
