@@ -123,13 +123,12 @@ FINISHED = ("completed", "failed", "cancelled")
 
 
 def _triggers(schema: str) -> dict[str, str]:
-    """Trigger name -> definition of the user triggers on `schema`.run_state, spelled as if on public.run_state."""
+    """Trigger name -> definition of the user triggers on `schema`.run_state."""
     rows = app.execute(
         "SELECT t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = 'run_state' "
         "AND NOT t.tgisinternal", [schema])
-    return {name: definition.replace(f" ON {schema}.run_state ", " ON public.run_state ", 1)
-            for name, definition in rows}
+    return dict(rows)
 
 
 def sync_counts(schema: str) -> list[str]:
@@ -138,18 +137,24 @@ def sync_counts(schema: str) -> list[str]:
 
     The triggers are the public ones re-created on the schema's run_state; their functions stay in public and name
     run_count unqualified, so they write the run_count of the schema the search_path puts first (measure() points
-    it at the schema). The rows are COPYed before the triggers exist, so whenever the table or a trigger is new
-    the counts are made again from the rows (nothing else writes the bench's schemas meanwhile)."""
+    it at the schema). As with the indexes, what each was built from is kept in bench_indexes (PostgreSQL spells
+    a re-created trigger's WHEN differently). The rows are COPYed before the triggers exist, so whenever the table
+    or a trigger is new the counts are made again from the rows (nothing else writes the bench's schemas)."""
     changed = []
+    app.execute(f"CREATE TABLE IF NOT EXISTS {schema}.bench_indexes (name text PRIMARY KEY, definition text)")
     if not app.execute("SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'run_count'", [schema]):
         app.execute(f"CREATE TABLE {schema}.run_count (LIKE public.run_count INCLUDING ALL)")
         changed.append("built run_count")
     want, have = _triggers("public"), _triggers(schema)
-    if want != have:
+    built = {name[len("trigger:"):]: definition for name, definition in app.execute(
+        f"SELECT name, definition FROM {schema}.bench_indexes WHERE name LIKE 'trigger:%%'")}
+    if set(want) != set(have) or any(built.get(name) != definition for name, definition in want.items()):
         for name in have:
             app.execute(f'DROP TRIGGER "{name}" ON {schema}.run_state')
-        for definition in want.values():
+        app.execute(f"DELETE FROM {schema}.bench_indexes WHERE name LIKE 'trigger:%%'")
+        for name, definition in want.items():
             app.execute(definition.replace(" ON public.run_state ", f" ON {schema}.run_state ", 1))
+            app.execute(f"INSERT INTO {schema}.bench_indexes VALUES (%s, %s)", [f"trigger:{name}", definition])
         changed.append(f"triggers {', '.join(sorted(want)) or 'none'}")
     if changed:
         app.execute(f"TRUNCATE {schema}.run_count")
