@@ -3,9 +3,9 @@
 Two record sizes live side by side in one database (``dr_bench_volume``), each in its own schema
 (``volume_<runs>``) holding copies of durableruns' tables (columns, check constraints and indexes re-created from
 the migrated public tables, as bench/claim_cost.py does): run_state, run_step, run_escalation, run_intervention
-and run_plan. Each is filled with COPY (not the engine): `runs` runs of a nine-step plan with ATTEMPTS attempts
-each (one step retried after a failed attempt), created over the last 180 days, finished minutes after they
-started; a mix of statuses (mostly completed; failed, cancelled; waiting on a wake time up to 60 days ahead;
+and run_plan, with run_count and the triggers on run_state that keep it (sync_counts). Each is filled with COPY
+(not the engine): `runs` runs of a nine-step plan with ATTEMPTS attempts each (one step retried after a failed
+attempt), created over the last 180 days, finished minutes after they started; a mix of statuses (mostly completed; failed, cancelled; waiting on a wake time up to 60 days ahead;
 running under a live lease; stopped for staff on an open escalation; a few completed after a staff decision).
 
 Each reader is then timed on both schemas in alternating rounds, with Django's connection pointed at the schema
@@ -116,6 +116,52 @@ def sync_indexes(schema: str) -> list[str]:
     if changed:
         for table in TABLES:
             app.execute(f"ANALYZE {schema}.{table}")
+    return changed
+
+
+FINISHED = ("completed", "failed", "cancelled")
+
+
+def _triggers(schema: str) -> dict[str, str]:
+    """Trigger name -> definition of the user triggers on `schema`.run_state."""
+    rows = app.execute(
+        "SELECT t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = 'run_state' "
+        "AND NOT t.tgisinternal", [schema])
+    return dict(rows)
+
+
+def sync_counts(schema: str) -> list[str]:
+    """Give `schema` the run_count table and the triggers on run_state that keep it, as the migrated public tables
+    have them (migration run_count); return what changed.
+
+    The triggers are the public ones re-created on the schema's run_state; their functions stay in public and name
+    run_count unqualified, so they write the run_count of the schema the search_path puts first (measure() points
+    it at the schema). As with the indexes, what each was built from is kept in bench_indexes (PostgreSQL spells
+    a re-created trigger's WHEN differently). The rows are COPYed before the triggers exist, so whenever the table
+    or a trigger is new the counts are made again from the rows (nothing else writes the bench's schemas)."""
+    changed = []
+    app.execute(f"CREATE TABLE IF NOT EXISTS {schema}.bench_indexes (name text PRIMARY KEY, definition text)")
+    if not app.execute("SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'run_count'", [schema]):
+        app.execute(f"CREATE TABLE {schema}.run_count (LIKE public.run_count INCLUDING ALL)")
+        changed.append("built run_count")
+    want, have = _triggers("public"), _triggers(schema)
+    built = {name[len("trigger:"):]: definition for name, definition in app.execute(
+        f"SELECT name, definition FROM {schema}.bench_indexes WHERE name LIKE 'trigger:%%'")}
+    if set(want) != set(have) or any(built.get(name) != definition for name, definition in want.items()):
+        for name in have:
+            app.execute(f'DROP TRIGGER "{name}" ON {schema}.run_state')
+        app.execute(f"DELETE FROM {schema}.bench_indexes WHERE name LIKE 'trigger:%%'")
+        for name, definition in want.items():
+            app.execute(definition.replace(" ON public.run_state ", f" ON {schema}.run_state ", 1))
+            app.execute(f"INSERT INTO {schema}.bench_indexes VALUES (%s, %s)", [f"trigger:{name}", definition])
+        changed.append(f"triggers {', '.join(sorted(want)) or 'none'}")
+    if changed:
+        app.execute(f"TRUNCATE {schema}.run_count")
+        app.execute(f"INSERT INTO {schema}.run_count (workflow, status, shard, present, finished) "
+                    f"SELECT workflow, status, 0, count(*), count(*) FROM {schema}.run_state "
+                    "WHERE status = ANY(%s) GROUP BY workflow, status", [list(FINISHED)])
+        app.execute(f"ANALYZE {schema}.run_count")
     return changed
 
 
@@ -243,7 +289,8 @@ def build(runs: int, *, live: int, log: Callable[[str], None]) -> float:
             if done % 100_000 == 0 or done == runs:
                 log(f"{schema}: {done} runs copied ({time.perf_counter() - began:.0f} s)")
     sync_indexes(schema)  # after the rows: building an index once is cheaper than maintaining it
-    log(f"{schema}: indexes built ({time.perf_counter() - began:.0f} s)")
+    sync_counts(schema)  # after the rows too: the triggers would count each COPYed run one by one
+    log(f"{schema}: indexes built, runs counted ({time.perf_counter() - began:.0f} s)")
     for table in TABLES:
         app.execute(f"VACUUM ANALYZE {schema}.{table}")
     app.execute(f"COMMENT ON SCHEMA {schema} IS '{_label(runs, live)}'")
@@ -256,9 +303,11 @@ def prepare(runs: int, *, live: int, reuse: bool, log: Callable[[str], None]) ->
     schema = schema_name(runs)
     if reuse and _ready(schema, runs, live):
         changed = sync_indexes(schema)
-        log(f"{schema}: reused" + (f" ({', '.join(changed)})" if changed else ""))
-        return {"schema": schema, "built": False, "build_s": 0.0, "index_changes": changed}
-    return {"schema": schema, "built": True, "build_s": round(build(runs, live=live, log=log), 1), "index_changes": []}
+        counts = sync_counts(schema)
+        log(f"{schema}: reused" + (f" ({', '.join(changed + counts)})" if changed or counts else ""))
+        return {"schema": schema, "built": False, "build_s": 0.0, "index_changes": changed, "count_changes": counts}
+    return {"schema": schema, "built": True, "build_s": round(build(runs, live=live, log=log), 1), "index_changes": [],
+            "count_changes": []}
 
 
 # -- the readers ------------------------------------------------------------------------------------------
@@ -380,7 +429,8 @@ def measure(sizes: tuple[int, ...], *, rounds: int, log: Callable[[str], None]) 
                         times[n].setdefault(name, []).append(ms / CLAIMS if name == "claim" else ms)
         log(f"{phase if phase in ('warm', 'count') else f'round {phase}'} done")
     for n in sizes:
-        app.execute(f"DELETE FROM {schemas[n]}.run_state WHERE owner = %s OR run_id LIKE 'due-%%'", [OWNER])
+        with search_path(schemas[n]):  # the delete's trigger writes the run_count the search_path names
+            app.execute(f"DELETE FROM {schemas[n]}.run_state WHERE owner = %s OR run_id LIKE 'due-%%'", [OWNER])
     small, big = sizes[0], sizes[-1]
     rows = {}
     for name in times[big]:

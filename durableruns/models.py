@@ -124,6 +124,41 @@ class RunState(models.Model):
         return self.run_id
 
 
+class RunCount(models.Model):
+    """Finished runs counted per workflow and status, so that a scrape reads a few rows instead of every run kept.
+
+    Kept by the database, not by store.py: on PostgreSQL by triggers on run_state (a run entering or leaving
+    completed, failed or cancelled, inserted finished, deleted, truncated), in the same commit as the run's own
+    change, so every path that moves a run (the engine, a staff act, prune, a raw UPDATE) counts without code of
+    its own; on SQLite by triggers that count finishes only (`finished`). Unfinished runs are not counted here:
+    they are few, and counted exactly through their partial indexes. Created and seeded by
+    the migration named run_count.
+
+    Each (workflow, status) is split into a few shards (pg_backend_pid() % 8), so two workers finishing runs of
+    one workflow at once rarely wait on one row; a reader sums the shards. A shard's `present` may be negative
+    (a run counted in by one connection and deleted by another); the sum is exact."""
+
+    pk = models.CompositePrimaryKey("workflow", "status", "shard")
+    workflow = models.CharField(max_length=200)
+    status = models.CharField(max_length=20, choices=RunStatus.choices)
+    shard = models.SmallIntegerField()
+    present = models.BigIntegerField(
+        default=0, help_text="Runs of this workflow in this status in run_state now, in this shard (PostgreSQL; 0 on "
+                             "SQLite, whose gauge counts run_state itself). Goes down when a run is pruned, deleted "
+                             "or retried.")
+    finished = models.BigIntegerField(
+        default=0, help_text="Times a run of this workflow entered this status, in this shard, since the migration "
+                             "that made this table (which counted the runs then present). Never goes down: a prune "
+                             "removes rows, not what happened.")
+
+    class Meta:
+        db_table = "run_count"
+        verbose_name = "run count"
+
+    def __str__(self) -> str:
+        return f"{self.workflow}/{self.status}#{self.shard}"
+
+
 class RunPlan(models.Model):
     """A plan runs started under: its steps (name and policy, in order), recorded once per fingerprint.
 

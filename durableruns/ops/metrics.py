@@ -4,15 +4,22 @@
 prometheus_client is an optional extra (`pip install durableruns[metrics]`); nothing here imports it before a
 metric is asked for, so a site without it still starts, and the view answers 501 saying what to install.
 
-The record's gauges come from five queries: runs by workflow and status (an index-only scan of
-run_state_workflow_status_idx: it reads one index entry per run the record keeps, so retention bounds it; about
-0.15-0.2 s at 1.1M runs here, bench/results/prune.md), attempts in doubt (the pending, waiting, lease-expired
-and stopped runs through their partial indexes, then their started attempts by primary key), open
-escalations (their queue), and runs stopped for staff with no escalation (through run_state_stopped_idx), counted
-by why they stopped. They are read at each scrape of the view, never by workers, so N workers add no load
-on the record. Each worker serves only its own counters (runs it handled by outcome, steps it ran, attempts it
-recorded failed, attempts it found in doubt, runs whose pass raised, passes and their duration, and its claims'
-latency): a worker knows those for free.
+The record's metrics come from five queries, each reading the live work or a few counted rows, never the history
+(bench/volume.py: flat from 10,000 to 1,000,000 runs kept). Runs by workflow and status (`durableruns_runs`, a
+gauge: rows present now) are one statement, so one snapshot: the unfinished runs (pending, running, waiting,
+needs_decision) counted exactly through run_state_unfinished_plan_idx, which holds them alone (they are few: a
+site's live work grows with its rate, not its age), and the finished runs read from run_count, which triggers on
+run_state keep in the commit that finishes, reopens or deletes a run (migration run_count; models.RunCount), so
+the engine, staff acts and prune are all counted with no code of theirs. The same rows give
+`durableruns_runs_finished_total`, a counter of runs entering each finished status that a prune never lowers
+(what a graph of throughput or failure rate wants: `rate()` of it). On SQLite (one host, small) the gauge counts
+run_state itself and the triggers keep the counter only. Then attempts in doubt (the pending, waiting,
+lease-expired and stopped runs through their partial indexes, then their started attempts by primary key), open
+escalations (their queue), and runs stopped for staff with no escalation (through run_state_stopped_idx),
+counted by why they stopped. They are read at each scrape of the view, never by workers, so N workers add no
+load on the record. Each worker serves only its own counters (runs it handled by outcome, steps it ran, attempts
+it recorded failed, attempts it found in doubt, runs whose pass raised, passes and their duration, and its
+claims' latency): a worker knows those for free.
 """
 
 from __future__ import annotations
@@ -24,11 +31,12 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Min
+from django.db import connections
+from django.db.models import BigIntegerField, Count, Min, Sum, Value
 from django.http import HttpRequest, HttpResponse
 
 from durableruns.clock import Clock
-from durableruns.models import Escalation, RunState, RunStatus, RunStep, StepStatus
+from durableruns.models import Escalation, RunCount, RunState, RunStatus, RunStep, StepStatus
 from durableruns.ops.health import stop_kind
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -44,16 +52,24 @@ def _seconds(now: datetime, then: datetime | None) -> float:
 
 def record_families(clock: Clock | None = None) -> list[Any]:
     """The record's gauges as prometheus_client metric families, ages by the database's clock."""
-    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     now = (clock or Clock()).now()
     runs = GaugeMetricFamily(
         "durableruns_runs", "Runs in the record, by workflow and status.", labels=["workflow", "status"]
     )
-    for workflow, status, count in (
-        RunState.objects.order_by().values_list("workflow", "status").annotate(n=Count("pk"))
-    ):
+    finished = CounterMetricFamily(
+        "durableruns_runs_finished",
+        "Times runs entered a finished status (completed, failed, cancelled), by workflow and status, counted in "
+        "the commit that finished them since the run_count migration (which counted the runs then kept). A prune "
+        "does not lower it; a failed run retried and completed counts once in each.",
+        labels=["workflow", "status"],
+    )
+    present, entered = runs_by_status()
+    for (workflow, status), count in sorted(present.items()):
         runs.add_metric([workflow, status], count)
+    for (workflow, status), count in sorted(entered.items()):
+        finished.add_metric([workflow, status], count)
 
     doubt = GaugeMetricFamily(
         "durableruns_steps_in_doubt",
@@ -102,7 +118,40 @@ def record_families(clock: Clock | None = None) -> list[Any]:
         stopped.add_metric([workflow, kind], count)
     for workflow, oldest in sorted(oldest_of.items()):
         stopped_age.add_metric([workflow], _seconds(now, oldest))
-    return [runs, doubt, doubt_age, escalations, escalation_age, stopped, stopped_age]
+    return [runs, finished, doubt, doubt_age, escalations, escalation_age, stopped, stopped_age]
+
+
+def runs_by_status() -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+    """Runs present by (workflow, status), exact, and times runs entered each finished status: one statement,
+    so one snapshot (a run finishing meanwhile is counted once, in the status either side of its commit).
+
+    On PostgreSQL the unfinished runs are counted through run_state_unfinished_plan_idx and the finished ones
+    read from run_count, whose triggers keep them in the commit of each change: a few rows, whatever the
+    history kept. Elsewhere (SQLite) run_state is counted whole and run_count gives the counter only."""
+    counted_present = connections[RunState.objects.db].vendor == "postgresql"
+    kept = RunState.objects.order_by()
+    if counted_present:
+        kept = kept.unfinished()
+    rows = (
+        kept.values("workflow", "status")
+        .annotate(present=Count("pk"), finished=Value(None, output_field=BigIntegerField()))
+        .values_list("workflow", "status", "present", "finished")
+        .union(
+            RunCount.objects.order_by()
+            .values("workflow", "status")
+            .annotate(present=Sum("present"), finished=Sum("finished"))
+            .values_list("workflow", "status", "present", "finished"),
+            all=True,
+        )
+    )
+    present: dict[tuple[str, str], int] = {}
+    entered: dict[tuple[str, str], int] = {}
+    for workflow, status, n, times in rows:
+        key = (workflow, status)
+        present[key] = present.get(key, 0) + int(n)
+        if times is not None:  # a row of run_count
+            entered[key] = entered.get(key, 0) + int(times)
+    return {key: n for key, n in present.items() if n}, entered
 
 
 def stopped_by_workflow() -> tuple[dict[tuple[str, str], int], dict[str, datetime]]:
