@@ -165,11 +165,9 @@ def check_standby_intents(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 @checks.register(TAG)
 def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """DURABLERUNS_LISTEN_DATABASE names a database alias of the site."""
-    from durableruns import conf
-
-    alias = conf.listen_database()
-    if alias in settings.DATABASES:
+    """DURABLERUNS_LISTEN_DATABASE names a database alias of the site (unset, it is the runs' own: E007's)."""
+    alias = getattr(settings, "DURABLERUNS_LISTEN_DATABASE", None)
+    if not alias or alias in settings.DATABASES:
         return []
     return [checks.Error(f"DURABLERUNS_LISTEN_DATABASE names {alias!r}, which is not in DATABASES",
                          hint="Name the alias of a direct connection to the runs' PostgreSQL, or leave it unset.",
