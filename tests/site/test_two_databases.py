@@ -15,7 +15,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +31,22 @@ pytestmark = pytest.mark.postgres
 TABLES = sorted(model._meta.db_table for model in apps.get_app_config("durableruns").get_models())
 
 
-@dataclass(frozen=True)
+@dataclass
 class Site:
     env: dict[str, str]
     sqlite: Path
     runs: dict[str, Any]  # psycopg's connection keywords of the runs' database
+    started: dict[str, Any] = field(default_factory=dict)  # what the start step found
 
     def python(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         return done
 
-    def step(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = json.loads(self.python("-m", "tests.site.two_databases_steps", name).stdout)
+    def steps(self, *names: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.python("-m", "tests.site.two_databases_steps", *names).stdout)
         return found
 
     def runs_query(self, sql: str) -> list[tuple[Any, ...]]:
@@ -56,8 +58,8 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    """The site's two databases, made and migrated as its deploy would: `migrate`, then `migrate --database runs`
-    (here in one process, which runs the same command twice)."""
+    """The site's two databases, made and migrated as its deploy would (`migrate`, then `migrate --database runs`),
+    and its first runs started (two_databases_steps.start), in one process of the site."""
     import psycopg
 
     url = os.environ.get("DATABASE_URL", "")
@@ -65,7 +67,11 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         pytest.skip("needs PostgreSQL (set DATABASE_URL=postgres://...)")
     main = environ.Env.db_url_config(url)
     name = f"{main['NAME']}_runs"
-    server = {"host": main["HOST"] or "127.0.0.1", "port": int(main["PORT"] or 5432), "user": main["USER"] or "postgres"}
+    server = {
+        "host": main["HOST"] or "127.0.0.1",
+        "port": int(main["PORT"] or 5432),
+        "user": main["USER"] or "postgres",
+    }
     if main["PASSWORD"]:
         server["password"] = main["PASSWORD"]
     with psycopg.connect(**server, dbname="postgres", autocommit=True) as admin:
@@ -73,14 +79,17 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         admin.execute(f'CREATE DATABASE "{name}"')
     sqlite = tmp_path_factory.mktemp("site") / "site.sqlite3"
     credentials = f"{server['user']}:{main['PASSWORD']}" if main["PASSWORD"] else server["user"]
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.site.two_databases", PYTHONUNBUFFERED="1",
-               SITE_DATABASE_URL=f"sqlite:///{sqlite}",
-               RUNS_DATABASE_URL=f"postgres://{credentials}@{server['host']}:{server['port']}/{name}",
-               DURABLERUNS_WORKFLOW_MODULES="tests.workflows")
+    env = dict(
+        os.environ,
+        DJANGO_SETTINGS_MODULE="tests.site.two_databases",
+        PYTHONUNBUFFERED="1",
+        SITE_DATABASE_URL=f"sqlite:///{sqlite}",
+        RUNS_DATABASE_URL=f"postgres://{credentials}@{server['host']}:{server['port']}/{name}",
+        DURABLERUNS_WORKFLOW_MODULES="tests.workflows",
+    )
     env.pop("LISTEN_DATABASE_URL", None)
     made = Site(env=env, sqlite=sqlite, runs={**server, "dbname": name})
-    made.python("-c", "import django; django.setup(); from django.core.management import call_command; "
-                      "call_command('migrate', verbosity=0); call_command('migrate', database='runs', verbosity=0)")
+    made.started = made.steps("migrate", "start")["start"]  # one process: a Django start-up less
     yield made
     with psycopg.connect(**server, dbname="postgres", autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -88,7 +97,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
 @pytest.fixture(scope="module")
 def started(site: Site) -> dict[str, Any]:
-    return site.step("start")
+    return site.started
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +108,7 @@ def worked(site: Site, started: dict[str, Any]) -> subprocess.CompletedProcess[s
 
 @pytest.fixture(scope="module")
 def staffed(site: Site, worked: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    return site.step("staff")
+    return site.steps("staff")["staff"]
 
 
 def test_migrate_puts_the_tables_of_durableruns_in_runs_and_none_in_default(site: Site):
@@ -113,8 +122,13 @@ def test_migrate_puts_the_tables_of_durableruns_in_runs_and_none_in_default(site
     applied = {row[0] for row in site.runs_query("SELECT name FROM django_migrations WHERE app = 'durableruns'")}
     assert "0001_initial" in applied and "0017_intervention_user_no_constraint" in applied
     # No constraint from an intervention to a user: the users are in another database.
-    assert site.runs_query("SELECT conname FROM pg_constraint WHERE conrelid = 'run_intervention'::regclass "
-                           "AND contype = 'f' AND pg_get_constraintdef(oid) LIKE '%auth_user%'") == []
+    assert (
+        site.runs_query(
+            "SELECT conname FROM pg_constraint WHERE conrelid = 'run_intervention'::regclass "
+            "AND contype = 'f' AND pg_get_constraintdef(oid) LIKE '%auth_user%'"
+        )
+        == []
+    )
 
 
 def test_start_inside_atomic_on_runs_is_one_commit_with_the_callers_records(started: dict[str, Any]):
@@ -138,8 +152,12 @@ def test_the_checks_warn_without_the_router_and_refuse_an_unknown_alias(started:
 def test_a_worker_process_completes_the_runs_in_the_runs_database(site: Site, worked: subprocess.CompletedProcess[str]):
     assert "durableruns." not in worked.stderr, worked.stderr  # its start-up checks said nothing
     statuses = dict(site.runs_query("SELECT run_id, status FROM run_state"))
-    assert statuses == {"plain-1": "completed", "in-runs-committed": "completed",
-                        "in-default-rolled-back": "completed", "escalates-1": "needs_decision"}
+    assert statuses == {
+        "plain-1": "completed",
+        "in-runs-committed": "completed",
+        "in-default-rolled-back": "completed",
+        "escalates-1": "needs_decision",
+    }
     steps = site.runs_query("SELECT step, status FROM run_step WHERE run_id = 'plain-1' ORDER BY started_at")
     assert steps == [("first", "completed"), ("second", "completed"), ("third", "completed")]
 
@@ -152,4 +170,3 @@ def test_staff_use_the_admin_and_the_api_on_runs_kept_in_another_database(staffe
     assert staffed["decided_by_user"] == "root"  # the intervention's user, read from "default"
     # The user deleted in "default": each staff act keeps who did it.
     assert staffed["interventions"] == [["cancel", staffed["user_id"]], ["happened", staffed["user_id"]]]
-

@@ -1,6 +1,7 @@
 """What tests/site/test_two_databases.py does inside the two-database site (tests.site.two_databases), one process
-per call: `python -m tests.site.two_databases_steps start|staff`. Each prints one JSON object of what it found,
-read back by the test; the databases themselves are inspected by the test from outside.
+per call: `python -m tests.site.two_databases_steps STEP...` (migrate, start, staff), in the order given. It prints
+one JSON object, what each step found under its name, for the test to read back; the databases themselves are
+inspected by the test from outside.
 """
 
 from __future__ import annotations
@@ -12,6 +13,15 @@ from typing import Any
 
 class Rollback(Exception):
     """Raised to roll a caller's transaction back."""
+
+
+def migrate() -> dict[str, Any]:
+    """Migrate the site as its deploy does: `migrate`, then `migrate --database runs`."""
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    call_command("migrate", database="runs", verbosity=0)
+    return {}
 
 
 def start() -> dict[str, Any]:
@@ -89,16 +99,26 @@ def staff() -> dict[str, Any]:
     durableruns.start("scripted", {}, run_id="cancel-me")
     escalation = Escalation.objects.get(run_id="escalates-1")
     pages = {}
-    for url in ["/admin/durableruns/runstate/", "/admin/durableruns/runstate/plain-1/change/",
-                "/admin/durableruns/escalation/", f"/admin/durableruns/escalation/{escalation.pk}/change/",
-                "/api/runs/", "/api/runs/plain-1/", "/api/escalations/"]:
+    for url in [
+        "/admin/durableruns/runstate/",
+        "/admin/durableruns/runstate/plain-1/change/",
+        "/admin/durableruns/escalation/",
+        f"/admin/durableruns/escalation/{escalation.pk}/change/",
+        "/api/runs/",
+        "/api/runs/plain-1/",
+        "/api/escalations/",
+    ]:
         page = client.get(url)
-        pages[url] = {"status": page.status_code, "names_a_run": "plain-1" in page.content.decode()
-                      or "escalates-1" in page.content.decode()}
+        pages[url] = {
+            "status": page.status_code,
+            "names_a_run": "plain-1" in page.content.decode() or "escalates-1" in page.content.decode(),
+        }
     cancel = client.post("/api/runs/cancel-me/cancel/", {"note": "not wanted"}, content_type="application/json")
-    decide = client.post(f"/api/escalations/{escalation.pk}/decide/",
-                         {"outcome": "happened", "note": "seen in the far system", "result": {"sent": True}},
-                         content_type="application/json")
+    decide = client.post(
+        f"/api/escalations/{escalation.pk}/decide/",
+        {"outcome": "happened", "note": "seen in the far system", "result": {"sent": True}},
+        content_type="application/json",
+    )
     decision = Intervention.objects.get(escalation=escalation)
     decided_by_user = decision.user.username if decision.user else None  # read from "default"
     User.objects.filter(pk=user.pk).delete()  # the site's users are not where the interventions are
@@ -117,4 +137,5 @@ if __name__ == "__main__":
     import django
 
     django.setup()
-    print(json.dumps({"start": start, "staff": staff}[sys.argv[1]]()))
+    steps = {"migrate": migrate, "start": start, "staff": staff}
+    print(json.dumps({name: steps[name]() for name in sys.argv[1:]}))
