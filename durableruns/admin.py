@@ -22,7 +22,6 @@ from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.db.models import F, Q, QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -484,7 +483,7 @@ class RunStateAdmin(ReadOnlyRecord):
 
     # -- the approval queue: runs waiting for a person's yes or no, beside the escalation queue
 
-    @transaction.non_atomic_requests  # a decision is its own durable transaction
+    @services.non_atomic_requests  # a decision is its own durable transaction
     def approvals_view(self, request: HttpRequest) -> HttpResponse:
         """The open approvals, oldest first, each with the run's input, its results so far and the approval's
         doc; staff with durableruns.decide_approval approve or reject each (services.decide, recorded once)."""
@@ -554,7 +553,7 @@ class RunStateAdmin(ReadOnlyRecord):
 
     # The staff actions (cancel, retry) post here: each service call records its fact in its own durable
     # transaction, which cannot nest inside the request's own under ATOMIC_REQUESTS.
-    @transaction.non_atomic_requests
+    @services.non_atomic_requests
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"title": "Runs", **(extra_context or {})})
 
@@ -816,7 +815,7 @@ class EscalationAdmin(ReadOnlyRecord):
 
     # -- the escalation page: read everything, decide once
 
-    @transaction.non_atomic_requests  # a decision is its own durable transaction (see changelist_view of runs)
+    @services.non_atomic_requests  # a decision is its own durable transaction (see changelist_view of runs)
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """Show the escalation; on POST (decide permission only) record one decision through the service."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError, models
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, models, router
 
 from durableruns.policies import Policy
 from durableruns.registry import workflows
@@ -106,9 +106,11 @@ def check_time_zone_support(app_configs: Any = None, **kwargs: Any) -> list[chec
 @checks.register(checks.Tags.database, TAG)
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """SQLite has no row locks: fine for trying the app with one worker, not for several hosts."""
+    from durableruns import conf
+
     if not kwargs.get("databases"):
         return []
-    engine = settings.DATABASES.get("default", {}).get("ENGINE", "")
+    engine = settings.DATABASES.get(conf.database(), {}).get("ENGINE", "")
     if engine.endswith("sqlite3"):
         return [checks.Warning(
             "durableruns is running on SQLite",
@@ -126,7 +128,9 @@ def check_plans_in_flight(app_configs: Any = None, **kwargs: Any) -> list[checks
     with another policy) leaves such runs waiting for a worker that has it, then stopped for staff. Run with
     `check --database default` in a deploy pipeline: the database is read only when asked to.
     """
-    if not kwargs.get("databases"):
+    from durableruns import conf
+
+    if not kwargs.get("databases") or conf.database() not in settings.DATABASES:  # E007 says why
         return []
     from durableruns import services  # the check reads the record: only with --database
 
@@ -161,12 +165,37 @@ def check_standby_intents(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 @checks.register(TAG)
 def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """DURABLERUNS_LISTEN_DATABASE names a database alias of the site."""
-    from durableruns import conf
-
-    alias = conf.listen_database()
-    if alias in settings.DATABASES:
+    """DURABLERUNS_LISTEN_DATABASE names a database alias of the site (unset, it is the runs' own: E007's)."""
+    alias = getattr(settings, "DURABLERUNS_LISTEN_DATABASE", None)
+    if not alias or alias in settings.DATABASES:
         return []
     return [checks.Error(f"DURABLERUNS_LISTEN_DATABASE names {alias!r}, which is not in DATABASES",
                          hint="Name the alias of a direct connection to the runs' PostgreSQL, or leave it unset.",
                          id="durableruns.E006")]
+
+
+ROUTER = "durableruns.routers.DurableRunsRouter"
+
+
+@checks.register(TAG)
+def check_own_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DURABLERUNS_DATABASE names a database alias of the site, and DurableRunsRouter sends the app's queries there.
+
+    Without the router the engine's own statements go to that alias while Django's (the admin's, the API's,
+    migrate's) go to "default": two halves of one record in two databases.
+    """
+    from durableruns import conf
+    from durableruns.routers import DurableRunsRouter
+
+    alias = conf.database()
+    if alias not in settings.DATABASES:
+        return [checks.Error(f"DURABLERUNS_DATABASE names {alias!r}, which is not in DATABASES",
+                             hint='Name the alias of the database that holds the runs, or leave it unset ("default").',
+                             id="durableruns.E007")]
+    if alias != DEFAULT_DB_ALIAS and not any(isinstance(r, DurableRunsRouter) for r in router.routers):
+        return [checks.Warning(
+            f"DURABLERUNS_DATABASE is {alias!r} but {ROUTER} is not in DATABASE_ROUTERS",
+            hint="Add it, so that Django's own queries of durableruns' models (the admin, the API, migrate) go to "
+                 "the same database as the engine's.",
+            id="durableruns.W004")]
+    return []

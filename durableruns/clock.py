@@ -18,14 +18,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from durableruns import conf
+
 
 def on_postgresql() -> bool:
-    return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+    """Whether the runs' database (DURABLERUNS_DATABASE) is PostgreSQL."""
+    return connections[conf.database()].vendor == "postgresql"
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Clock:
         if not on_postgresql():
             return timezone.now() + self.shift
         shift: list[Any] = [self.shift]  # an interval: psycopg adapts it, whatever the stubs list
-        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        with connections[conf.database()].cursor() as cursor:
             cursor.execute("SELECT clock_timestamp() + %s", shift)
             (value,) = cursor.fetchone()
         return as_django(value)

@@ -9,8 +9,35 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
+
+# The alias is read on every statement of the hot path: kept once read, forgotten when a test changes the setting.
+_database: str | None = None
+
+
+def database() -> str:
+    """The database alias that holds every table of durableruns, and takes its claims, locks, raw statements,
+    transactions and LISTEN/NOTIFY: DURABLERUNS_DATABASE, "default" by default.
+
+    Name another alias to keep the runs apart from the site's own data (a PostgreSQL of their own, say), and add
+    durableruns.routers.DurableRunsRouter to DATABASE_ROUTERS so Django sends the app's queries and migrations
+    there (checks durableruns.W004 and E007). A run started inside a transaction on that alias joins it; one
+    started inside a transaction on another alias only is committed on its own (docs/howto/own-database.md).
+    """
+    global _database
+    if _database is None:
+        _database = str(getattr(settings, "DURABLERUNS_DATABASE", DEFAULT_DB_ALIAS))
+    return _database
+
+
+@receiver(setting_changed)
+def _forget_database(*, setting: str, **kwargs: Any) -> None:
+    global _database
+    if setting == "DURABLERUNS_DATABASE":
+        _database = None
 
 
 def lease_seconds() -> float:
@@ -100,10 +127,11 @@ def listen() -> bool:
 
 def listen_database() -> str:
     """The database alias the listener's own connection LISTENs on; DURABLERUNS_LISTEN_DATABASE, by default the
-    runs' own alias ("default"). Behind a transaction pooler (PgBouncer) name an alias that reaches the same
-    PostgreSQL directly: a pooler hands the LISTEN's server connection to other clients, and no notification
-    comes back through it. The worker checks at start that one does, and polls, saying so, if none does."""
-    return str(getattr(settings, "DURABLERUNS_LISTEN_DATABASE", DEFAULT_DB_ALIAS))
+    runs' own alias (DURABLERUNS_DATABASE, itself "default" by default). Behind a transaction pooler (PgBouncer)
+    name an alias that reaches the same PostgreSQL directly: a pooler hands the LISTEN's server connection to
+    other clients, and no notification comes back through it. The worker checks at start that one does, and
+    polls, saying so, if none does."""
+    return str(getattr(settings, "DURABLERUNS_LISTEN_DATABASE", None) or database())
 
 
 def standby_intents() -> str | None:

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
 from durableruns import conf, plans, signals, store, testing, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
@@ -76,8 +76,9 @@ class RunOutcome:
 
 
 def ensure_autocommit() -> None:
-    """Refuse to act inside a transaction: a rollback after a real charge would erase the evidence of it."""
-    db = connections[DEFAULT_DB_ALIAS]
+    """Refuse to act inside a transaction on the runs' database: a rollback after a real charge would erase the
+    evidence of it."""
+    db = connections[conf.database()]
     if db.in_atomic_block or not db.get_autocommit():
         raise EffectInTransaction()
 

@@ -309,7 +309,11 @@ class Intervention(models.Model):
     attempt = models.PositiveIntegerField(null=True, blank=True)
     action = models.CharField(max_length=20, choices=Action.choices)
     decided_by = models.CharField(max_length=200)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    # Who decided, by id, with no constraint and nothing done on the user's deletion: the runs may live in a
+    # database of their own (DURABLERUNS_DATABASE) while the users live in the site's, and a staff act is
+    # evidence, never edited afterwards (decided_by keeps the name).
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
+                             db_constraint=False)
     decided_at = models.DateTimeField()
     note = models.TextField()
     result = models.JSONField(null=True, blank=True)

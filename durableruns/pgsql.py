@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from durableruns import conf
@@ -319,7 +319,7 @@ def _hot_path() -> _HotPath | None:
     """This thread's connection's hot path, or None where Django logs queries (DEBUG, CaptureQueriesContext)
     or preparing is off: there the statements go through Django's own cursor with their values, like every
     other query."""
-    db = connections[DEFAULT_DB_ALIAS]
+    db = connections[conf.database()]
     if db.queries_logged or not conf.prepared_statements():
         return None
     db.ensure_connection()
@@ -353,7 +353,7 @@ def through_a_proxy(raw: psycopg.Connection[Any]) -> bool:
 def _one(sql: str, params: dict[str, Any]) -> Any:
     hot = _hot_path()
     if hot is None:
-        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        with connections[conf.database()].cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone()
     hot.cursor.execute(hot.text(sql), params)
@@ -363,7 +363,7 @@ def _one(sql: str, params: dict[str, Any]) -> Any:
 def _rowcount(sql: str, params: dict[str, Any]) -> int:
     hot = _hot_path()
     if hot is None:
-        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        with connections[conf.database()].cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
     hot.cursor.execute(hot.text(sql), params)
@@ -400,7 +400,7 @@ def claim(*, owner: str, times: Times, first_steps: str,
         params["queues"] = list(queues)
     if skip:
         params["skip"] = sorted(skip)
-    db = connections[DEFAULT_DB_ALIAS]
+    db = connections[conf.database()]
     setattr(db, _NEXT_DUE_ATTRIBUTE, None)
     setattr(db, _MORE_DUE_ATTRIBUTE, None)
     hot = _hot_path()
@@ -454,7 +454,7 @@ _MORE_DUE_ATTRIBUTE = "durableruns_more_due"
 def more_due_after_last_claim() -> bool:
     """Whether another run was due behind the one this thread's last claim took, as that claim saw the record;
     True where it is not known (the claim went another way, or took nothing), taken once."""
-    db = connections[DEFAULT_DB_ALIAS]
+    db = connections[conf.database()]
     more = getattr(db, _MORE_DUE_ATTRIBUTE, None)
     setattr(db, _MORE_DUE_ATTRIBUTE, None)
     return True if more is None else bool(more)
@@ -464,7 +464,7 @@ def next_due_from_last_claim() -> tuple[bool, float | None]:
     """What this thread's last claim read of NEXT_DUE when it found nothing, less the time since on this process's
     own clock (a duration, never compared with the database's): (True, seconds or None if no run will come due),
     taken once; (False, None) if this thread's last claim took a run, or was not just now."""
-    db = connections[DEFAULT_DB_ALIAS]
+    db = connections[conf.database()]
     reading = getattr(db, _NEXT_DUE_ATTRIBUTE, None)
     if reading is None:
         return False, None
@@ -478,7 +478,7 @@ def next_due_from_last_claim() -> tuple[bool, float | None]:
 
 def wake_workers() -> None:
     """Notify idle workers from the current transaction (on its commit) or, in autocommit, at once."""
-    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+    with connections[conf.database()].cursor() as cursor:
         cursor.execute(WAKE)
 
 
@@ -529,7 +529,7 @@ def _waiting_for_standby(sql: str, params: dict[str, Any], level: str) -> tuple[
         raise ValueError(f"not a synchronous_commit level that waits for a standby: {level!r}")
     import psycopg  # here: see the module's imports
     setting = f"SET LOCAL synchronous_commit = {level}"
-    db = connections[DEFAULT_DB_ALIAS]
+    db = connections[conf.database()]
     hot = _hot_path()
     db.ensure_connection()
     raw = db.connection
@@ -570,7 +570,7 @@ def renew_all(*, runs: list[str], epochs: list[int], seconds: list[float], shift
     hot = _hot_path()
     params: dict[str, Any] = {"runs": runs, "epochs": epochs, "seconds": seconds, "shift": shift}
     if hot is None:
-        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        with connections[conf.database()].cursor() as cursor:
             cursor.execute(_RENEW_ALL, params)
             return {run for (run,) in cursor.fetchall()}
     hot.cursor.execute(hot.text(_RENEW_ALL), params)

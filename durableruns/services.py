@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.db import transaction
 from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 
 from durableruns import conf, holdings, schedules, signals, store
@@ -39,6 +41,14 @@ from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerP
 from durableruns.worker.presence import Presence
 from durableruns.worker.timetable import Timetable
 from durableruns.worker.watchdog import Watchdog
+
+
+def non_atomic_requests(view: Any) -> Any:
+    """Opt a view that calls these services out of ATOMIC_REQUESTS on every database (the runs' among them):
+    the services commit each fact in its own durable transaction, which cannot nest in the request's."""
+    for alias in settings.DATABASES:
+        view = transaction.non_atomic_requests(using=alias)(view)
+    return view
 
 
 def default_owner() -> str:

@@ -37,6 +37,8 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import Signal
 
+from durableruns import conf
+
 log = logging.getLogger("durableruns")
 
 run_started = Signal()
@@ -56,10 +58,11 @@ def _send(signal: Signal, sender: type, arguments: dict[str, Any]) -> None:
 
 
 def send_on_commit(signal: Signal, sender: type, **arguments: Any) -> None:
-    """Send `signal` when the current transaction commits; at once outside any (the fact just committed)."""
+    """Send `signal` when the current transaction on the runs' database commits; at once outside any (the fact
+    just committed)."""
     if not signal.has_listeners(sender):
         return
-    transaction.on_commit(lambda: _send(signal, sender, arguments))
+    transaction.on_commit(lambda: _send(signal, sender, arguments), using=conf.database())
 
 
 _FINISHED = {"completed": run_completed, "failed": run_failed, "cancelled": run_cancelled}
@@ -82,7 +85,7 @@ def run_finished(run_id: str, status: str, *, reason: str = "", by: str | None =
             arguments["by"] = by
         _send(signal, RunState, arguments)
 
-    transaction.on_commit(send)
+    transaction.on_commit(send, using=conf.database())
 
 
 def escalation_was_decided(decision: Any) -> None:

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connection, connections, transaction
+from django.db import DataError, IntegrityError, connections, transaction
 from django.db.models import F
 from django.utils import timezone as django_timezone
 
@@ -138,13 +138,13 @@ def storable(text: str, *, limit: int = TEXT_LIMIT) -> str:
 
 def _wake_workers() -> None:
     """Wake idle workers when this transaction commits (PostgreSQL; elsewhere they poll)."""
-    if connection.vendor == "postgresql":
+    if connections[conf.database()].vendor == "postgresql":
         pgsql.wake_workers()
 
 
 def _fast() -> bool:
     """Use the one-statement PostgreSQL path; a statement outside any transaction is its own commit."""
-    db = connections[DEFAULT_DB_ALIAS]  # one lookup of this thread's connection, not one per attribute
+    db = connections[conf.database()]  # one lookup of this thread's connection, not one per attribute
     if db.vendor != "postgresql":
         return False
     if db.in_atomic_block:
@@ -213,8 +213,9 @@ def _standby_level(intent: Intent | None) -> str | None:
 def _wait_for_standby(level: str | None) -> None:
     """Inside the ORM's transaction about to commit an intent: make its commit wait at `level` (SET LOCAL: this
     transaction only; PostgreSQL reads it when it commits). The one-statement path: pgsql._waiting_for_standby."""
-    if level is not None and connections[DEFAULT_DB_ALIAS].vendor == "postgresql":
-        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+    db = connections[conf.database()]
+    if level is not None and db.vendor == "postgresql":
+        with db.cursor() as cursor:
             cursor.execute("SELECT set_config('synchronous_commit', %s, true)", [level])
 
 
@@ -261,7 +262,7 @@ def start_slots(*, schedule: str, slots: list[tuple[datetime, str]], workflow: s
     slot's run that exists already (its run_id is the slot's) is never started twice: the primary key refuses it.
     """
     started: list[str] = []
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         row = ScheduleState.objects.select_for_update().filter(pk=schedule).values_list("last_slot", flat=True)
         last = _aware(row[0]) if row and row[0] is not None else None
         fresh = [(slot, run_id) for slot, run_id in slots if last is None or slot > last]
@@ -302,7 +303,7 @@ def report_presence(name: str, *, threads: int, pickup: str, skew_seconds: float
     if WorkerPresence.objects.filter(pk=name).update(**fields):
         return
     try:
-        with transaction.atomic():
+        with transaction.atomic(using=conf.database()):
             WorkerPresence.objects.create(name=name, started_at=clock.expression(), **fields)
     except IntegrityError:  # another process of the same name reported first
         WorkerPresence.objects.filter(pk=name).update(**fields)
@@ -347,8 +348,9 @@ def record_plan(plan: Plan, *, clock: Clock = DATABASE) -> None:
         [RunPlan(fingerprint=plan.fingerprint, workflow=plan.workflow, steps=[list(s) for s in plan.steps],
                  first_seen=clock.expression())],
         ignore_conflicts=True)
-    if connection.in_atomic_block:
-        transaction.on_commit(lambda: _recorded.add(plan.fingerprint))
+    alias = conf.database()
+    if connections[alias].in_atomic_block:
+        transaction.on_commit(lambda: _recorded.add(plan.fingerprint), using=alias)
     else:
         _recorded.add(plan.fingerprint)
 
@@ -391,8 +393,8 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
               "reason": deferred, "priority": priority, "queue": queue,
               "created_at": clock.expression(), "updated_at": clock.expression(), "trace_context": trace_context}
     try:
-        if connection.in_atomic_block:
-            with transaction.atomic():
+        if connections[conf.database()].in_atomic_block:
+            with transaction.atomic(using=conf.database()):
                 if plan is not None:
                     record_plan(plan, clock=clock)
                 RunState.objects.create(**fields)
@@ -501,7 +503,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                        workflow=workflow, plan_fingerprint=fingerprint, input=_decoded(payload) or {},
                        attempts=[_attempt(a) for a in _decoded(attempts)], first_intent=first,
                        ending=ending or "", trace_context=_decoded(trace))
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         if run_id is None:
             candidates = RunState.objects.claimable(clock.expression(), queues=queues)
             if skip:
@@ -545,7 +547,7 @@ def renew(lease: Lease, *, clock: Clock = DATABASE) -> None:
     if _fast():
         renewed = pgsql.renew(run=lease.run_id, epoch=lease.epoch, times=_times(lease, clock))
     else:
-        with transaction.atomic(durable=True):
+        with transaction.atomic(using=conf.database(), durable=True):
             renewed = bool(RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch, status=RunStatus.RUNNING)
                            .update(updated_at=clock.expression(), lease_expires_at=clock.expression(lease.duration)))
             if renewed:
@@ -581,7 +583,7 @@ def record_intent(lease: Lease, intent: Intent, *, clock: Clock = DATABASE) -> N
                                    cursor=intent.cursor, standby=level, **_intent_params(intent)):
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         return
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         _wait_for_standby(level)
         _fence(lease, clock, cursor=intent.cursor)
         _insert_intent(lease, intent, clock)
@@ -622,7 +624,7 @@ def record_result(
         if finish and next_intent is None:  # signals
             signals.run_finished(lease.run_id, RunStatus.COMPLETED)
         return
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         _wait_for_standby(level)
         fields: dict[str, Any] = {"updated_at": clock.expression(),
                                   "lease_expires_at": clock.expression(lease.duration),
@@ -651,7 +653,7 @@ def record_failure(lease: Lease, *, step: str, attempt: int, error: str, clock: 
                    intent_recorded: bool = True, effect_key: str = "") -> None:
     """The far system rejected the call (observed): the attempt is failed, never rewritten."""
     error = storable(error)
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         _fence(lease, clock)
         if intent_recorded:
             _finish(lease, step, attempt, status=StepStatus.FAILED, error=error, finished_at=clock.expression())
@@ -675,7 +677,7 @@ def checkpoint(lease: Lease, *, step: str, attempt: int, loop_cursor: int, progr
             raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
                             run_id=lease.run_id, epoch=lease.epoch)
         return
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         _fence(lease, clock)
         moved = RunStep.objects.filter(
             run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED
@@ -690,7 +692,7 @@ def record_raised(lease: Lease, *, step: str, attempt: int, clock: Clock = DATAB
     """Record, on the database's clock, that the started attempt raised in its live worker and stays in doubt;
     return that moment. Its call was over by then, so every later pass bounds the call by it (policies.
     last_call_bound). FencedOut if another worker took the run."""
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         _fence(lease, clock)
         now = clock.now()
         moved = RunStep.objects.filter(
@@ -706,7 +708,7 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
             reason: str = "") -> None:
     """Hand the run back: waiting until `wake_at` (a time of the database's clock), or stopped (completed,
     failed, cancelled, needs_decision)."""
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
             status=status, wake_at=wake_at, reason=storable(reason), lease_expires_at=None,
             updated_at=clock.expression()
@@ -746,14 +748,14 @@ def _ending_fields(run_id: str, final: str, *, release: str = "") -> dict[str, A
 def begin_ending(lease: Lease, *, ending: str, reason: str, clock: Clock = DATABASE) -> None:
     """Record that the run, still in this worker's hands, ends unfinished as `ending` once it has given back
     what it holds: a crash from here on resumes the releasing, not the run."""
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         _fence(lease, clock, ending=ending, reason=storable(reason))
 
 
 def end(lease: Lease, *, clock: Clock = DATABASE, status: str | None = None, reason: str | None = None) -> str:
     """Its releases done, give the run the status it was ending with (the reason already says why), or `status`
     and `reason` where the engine knows better (a run stopped for a missing step whose deploy has it again)."""
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         row = RunState.objects.select_for_update().filter(pk=lease.run_id, epoch=lease.epoch).values_list(
             "ending", "reason").first()
         if row is None:
@@ -774,7 +776,7 @@ def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, i
                     reason: str, clock: Clock = DATABASE) -> None:
     """Stop the run for a person: the escalation and the run's needs_decision status in one commit."""
     reason = storable(reason)
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
             status=RunStatus.NEEDS_DECISION, reason=reason, wake_at=None, lease_expires_at=None,
             updated_at=clock.expression()
@@ -809,7 +811,7 @@ def record_decision(
     The one-to-one between decision and escalation is what makes a second, concurrent decision fail.
     """
     try:
-        with transaction.atomic(durable=True):
+        with transaction.atomic(using=conf.database(), durable=True):
             now = clock.now()  # the database's, read once: the decision and what it changes carry one time
             escalation = Escalation.objects.select_for_update().get(pk=escalation_id)
             status = RunState.objects.filter(pk=escalation.run_id).values_list("status", flat=True).get()
@@ -870,7 +872,7 @@ def record_staff_action(
     A cancel also closes the run's open escalation, if any, so the queue does not keep asking about a run
     nobody will resume. Locks are taken escalation first, then run, the order record_decision uses.
     """
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         now = clock.now()
         pending = None
         if action == Intervention.Action.CANCEL:
@@ -904,7 +906,7 @@ def record_staff_action(
                                   "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": note}
         if pending is not None:
             try:
-                with transaction.atomic():  # a decision may have won the escalation meanwhile
+                with transaction.atomic(using=conf.database()):  # a decision may have won the escalation meanwhile
                     return Intervention.objects.create(escalation=pending, **dict(
                         fields, step=pending.step, attempt=pending.attempt))
             except IntegrityError:
@@ -929,7 +931,7 @@ def adopt_plan(
     move. The epoch bump fences whoever
     held it before; the run is pending, and the next pass follows `plan`.
     """
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         now = clock.now()
         run = RunState.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
@@ -971,7 +973,7 @@ def reopen_runs(run_ids: list[str], *, reason: str, clock: Clock = DATABASE) -> 
     the epoch bump fences nobody (no worker holds a stopped run) but keeps every change of hands counted."""
     if not run_ids:
         return 0
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         moved = RunState.objects.filter(pk__in=run_ids).stopped_lacking_steps().update(
             status=RunStatus.PENDING, epoch=F("epoch") + 1, wake_at=None, reason=storable(reason),
             updated_at=clock.expression())
@@ -997,7 +999,7 @@ def delete_runs(ids: list[str]) -> dict[str, int]:
     Return how many rows went from each: interventions, escalations, attempts, runs."""
     placeholders = ", ".join(["%s"] * len(ids))
     deleted = {}
-    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+    with connections[conf.database()].cursor() as cursor:
         for counter, table in _RUN_TABLES:
             # The table names are the models' own (above), never input; the ids go as parameters.
             cursor.execute(f"DELETE FROM {table} WHERE run_id IN ({placeholders})", ids)
@@ -1059,7 +1061,7 @@ def wait(lease: Lease, *, step: str, attempt: int, until: datetime | None, reaso
                               "reason": storable(reason), "updated_at": clock.expression()}
     if cursor is not None:
         fields["cursor"] = cursor
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         if not RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(**fields):
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         if detail is not None:
@@ -1076,7 +1078,7 @@ def complete_wait(lease: Lease, *, step: str, attempt: int, begun: bool, effect_
     """Complete the wait `step` with `result` (inserting its attempt if it never began), and consume the event
     `event_id` for it: one commit, so an event is consumed exactly when a wait completes with it."""
     encoded = to_json(result, what=f"the result of {step}")
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         _fence(lease, clock, cursor=cursor)
         if begun:
             _finish(lease, step, attempt, status=StepStatus.COMPLETED, result=json.loads(encoded),
@@ -1110,7 +1112,8 @@ def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str |
     Inside the caller's transaction it joins it (behind a savepoint, so a duplicate key does not break it): the
     event exists exactly when the caller's records do, and wakes nobody if they roll back."""
     to_json(payload, what="the payload")
-    with transaction.atomic(durable=not connection.in_atomic_block):
+    alias = conf.database()
+    with transaction.atomic(using=alias, durable=not connections[alias].in_atomic_block):
         status = (RunState.objects.select_for_update().filter(pk=run_id)
                   .values_list("status", flat=True).first())
         if status is None:
@@ -1120,7 +1123,7 @@ def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str |
         if key is not None and RunEvent.objects.filter(run_id=run_id, key=key).exists():
             return False
         try:
-            with transaction.atomic():
+            with transaction.atomic(using=conf.database()):
                 RunEvent.objects.create(run_id=run_id, event=event, key=key, payload=payload,
                                         sent_at=clock.expression())
         except IntegrityError:
@@ -1138,7 +1141,7 @@ def record_approval(run_id: str, *, step: str, approved: bool, decided_by: str, 
                     clock: Clock = DATABASE) -> Intervention:
     """Decide the approval `step` the run waits at, once: the decision is its own row (who, when, why), and the
     run is due at once. A second decision raises AlreadyDecided (the unique index settles a race)."""
-    with transaction.atomic(durable=True):
+    with transaction.atomic(using=conf.database(), durable=True):
         now = clock.now()
         run = RunState.objects.select_for_update().filter(pk=run_id).values_list("status", flat=True).first()
         if run is None:
@@ -1154,7 +1157,7 @@ def record_approval(run_id: str, *, step: str, approved: bool, decided_by: str, 
         if run not in (RunStatus.WAITING, RunStatus.NEEDS_DECISION, RunStatus.RUNNING, RunStatus.PENDING):
             raise RunNotActionable(f"the run is {run}: its approval cannot be decided", run_id=run_id, status=run)
         try:
-            with transaction.atomic():
+            with transaction.atomic(using=conf.database()):
                 decision = Intervention.objects.create(
                     run_id=run_id, step=step, attempt=latest[0], decided_by=decided_by, user_id=user_id,
                     decided_at=now, note=note,

@@ -17,10 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils.module_loading import import_string
 
-from durableruns import services
+from durableruns import conf, services
 from durableruns.context import StepContext
 from durableruns.models import RunState, RunStatus, RunStep, StepStatus
 from durableruns.registry import Workflow
@@ -138,8 +138,13 @@ class DurableRunsBackend(BaseTaskBackend):
             )
             task_enqueued.send(type(self), task_result=result)
 
-        if self.options.get("ENQUEUE_ON_COMMIT", False) and connection.in_atomic_block:
-            transaction.on_commit(record)
+        # ENQUEUE_ON_COMMIT waits for the caller's transaction: the site's own (on "default") if one is open, else
+        # one on the runs' database. Without it a task joins a transaction open on the runs' database only.
+        waiting = [
+            alias for alias in dict.fromkeys((DEFAULT_DB_ALIAS, conf.database())) if connections[alias].in_atomic_block
+        ]
+        if self.options.get("ENQUEUE_ON_COMMIT", False) and waiting:
+            transaction.on_commit(record, using=waiting[0])
         else:
             record()
         return result

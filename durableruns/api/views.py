@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-from django.db import transaction
 from django.db.models import F, Prefetch
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import reverse
@@ -88,14 +86,6 @@ class JSONBodyParser(JSONParser):
         return data
 
 
-def _non_atomic(view: Any) -> Any:
-    """Opt out of ATOMIC_REQUESTS on every database: the services commit each fact in its own durable
-    transaction, which cannot nest in the request's."""
-    for alias in settings.DATABASES:
-        view = transaction.non_atomic_requests(using=alias)(view)
-    return view
-
-
 class AppSchema:
     """drf-spectacular's AutoSchema for the app's views, a fresh inspector per view as DRF's DefaultSchema
     gives, whatever the site's DEFAULT_SCHEMA_CLASS."""
@@ -128,7 +118,7 @@ class DurableRunsAPIView(generics.GenericAPIView):
     def get_exception_handler(self) -> Any:
         return conf.api_exception_handler()
 
-    @method_decorator(_non_atomic)
+    @method_decorator(services.non_atomic_requests)
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         return super().dispatch(request, *args, **kwargs)
 

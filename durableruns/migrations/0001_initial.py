@@ -69,7 +69,8 @@ class Migration(migrations.Migration):
                 ('note', models.TextField()),
                 ('result', models.JSONField(blank=True, null=True)),
                 ('escalation', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='decision', to='durableruns.escalation')),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
+                # No constraint (0017 says why): the runs' database may hold no user table at all.
+                ('user', models.ForeignKey(blank=True, null=True, db_constraint=False, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
                 ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='interventions', to='durableruns.runstate')),
             ],
             options={

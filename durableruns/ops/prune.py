@@ -110,7 +110,7 @@ def prune(
     began = time.monotonic()
     after = ""
     while True:
-        with transaction.atomic(durable=True):
+        with transaction.atomic(using=conf.database(), durable=True):
             batch = selection.filter(pk__gt=after).order_by("pk")
             if not dry_run:
                 batch = batch.select_for_update(skip_locked=True, of=("self",))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
 from durableruns import conf
 
@@ -57,9 +57,9 @@ class Replication:
         return None
 
 
-def read(alias: str = DEFAULT_DB_ALIAS) -> Replication | None:
-    """The replication settings as the runs' database sees them; None off PostgreSQL."""
-    connection = connections[alias]
+def read(alias: str | None = None) -> Replication | None:
+    """The replication settings as the runs' database (or `alias`) sees them; None off PostgreSQL."""
+    connection = connections[alias or conf.database()]
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:

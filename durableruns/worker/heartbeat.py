@@ -14,9 +14,9 @@ import threading
 import time
 from types import TracebackType
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
-from durableruns import store
+from durableruns import conf, store
 from durableruns.clock import Clock
 from durableruns.store import Lease
 
@@ -117,7 +117,7 @@ class Heartbeat:
 
 def _drop_connection() -> None:
     """Discard this thread's database connection (it may be broken); Django opens a new one on next use."""
-    db = connections[DEFAULT_DB_ALIAS]
+    db = connections[conf.database()]
     try:
         db.close()
     except (DatabaseError, InterfaceError):  # closing a broken connection can fail too; it is gone either way

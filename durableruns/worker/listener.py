@@ -22,7 +22,7 @@ import secrets
 import threading
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
 from durableruns import conf
 from durableruns.pgsql import NEXT_DUE, next_due_from_last_claim
@@ -47,7 +47,7 @@ def seconds_until_next_due() -> float | None:
     known, seconds = next_due_from_last_claim()
     if known:
         return seconds
-    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+    with connections[conf.database()].cursor() as cursor:
         cursor.execute(_NEXT_DUE)
         (seconds,) = cursor.fetchone()
     return None if seconds is None else float(seconds)
@@ -73,12 +73,13 @@ class Listener(Background):
         self.deaf: str | None = None  # why it polls for good: notifications do not reach its LISTEN
         self.notifications = 0
         self._params = _connection_params(self.alias)
-        self._notify_params = _connection_params(DEFAULT_DB_ALIAS)  # the route every real notification takes
+        self.runs_alias = conf.database()
+        self._notify_params = _connection_params(self.runs_alias)  # the route every real notification takes
 
     @property
     def state(self) -> str:
         if self.listening.is_set():
-            where = "" if self.alias == DEFAULT_DB_ALIAS else f" (database alias {self.alias!r})"
+            where = "" if self.alias == self.runs_alias else f" (database alias {self.alias!r})"
             return f"listening on {CHANNEL}{where}"
         if self.deaf is not None:
             return f"polling (notifications do not arrive: {self.deaf})"
@@ -92,7 +93,7 @@ class Listener(Background):
                 with psycopg.connect(**self._params, autocommit=True) as conn:
                     if not self._heard_itself(conn):
                         self.deaf = (
-                            f"a NOTIFY of its own through database alias {DEFAULT_DB_ALIAS!r} did not reach its LISTEN "
+                            f"a NOTIFY of its own through database alias {self.runs_alias!r} did not reach its LISTEN "
                             f"on alias {self.alias!r} within {self.PROBE_SECONDS:g}s, as behind a transaction pooler; "
                             f"set DURABLERUNS_LISTEN_DATABASE to an alias that connects to PostgreSQL directly"
                         )

@@ -110,3 +110,14 @@ def test_a_refusal_under_atomic_requests_is_still_a_clean_409(atomic_requests, c
         f"/api/escalations/{escalation.pk}/decide/", {"outcome": "happened", "note": "n"}, format="json"
     )
     assert second.status_code == 409 and second.json()["code"] == "already_decided"
+
+
+def test_a_staff_act_outlives_the_user_who_did_it(operator):
+    """An intervention keeps its user's id, with no constraint (migration 0017): deleting the user (in whatever
+    database the site keeps its users) neither fails nor edits the record of who acted."""
+    make_run(run_id="po-gone")
+    act = services.cancel_run("po-gone", by=operator, note="duplicate order")
+    user_id = operator.pk
+    operator.delete()
+    kept = Intervention.objects.get(pk=act.pk)
+    assert (kept.user_id, kept.decided_by, kept.action) == (user_id, "operator", "cancel")

@@ -50,3 +50,11 @@ def test_the_listen_database_must_be_an_alias_of_the_site():
     assert check_listen_database() == []  # the default: the runs' own alias
     with override_settings(DURABLERUNS_LISTEN_DATABASE="direct"):
         assert [m.id for m in check_listen_database()] == ["durableruns.E006"]
+
+
+def test_the_runs_database_must_be_an_alias_of_the_site_and_routed_there():
+    from durableruns.checks import check_own_database
+
+    assert check_own_database() == []  # the default: "default", no router needed
+    with override_settings(DURABLERUNS_DATABASE="runs"):
+        assert [m.id for m in check_own_database()] == ["durableruns.E007"]
