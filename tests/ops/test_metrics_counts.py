@@ -21,7 +21,7 @@ from tests.factories import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-seed = importlib.import_module("durableruns.migrations.0019_run_count")
+seed = importlib.import_module("durableruns.migrations.0018_run_count")
 
 
 def scraped() -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:

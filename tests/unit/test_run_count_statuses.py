@@ -9,7 +9,7 @@ import importlib
 from durableruns.models import RunStatus
 from durableruns.querysets import RunPlanQuerySet
 
-migration = importlib.import_module("durableruns.migrations.0019_run_count")
+migration = importlib.import_module("durableruns.migrations.0018_run_count")
 
 
 def test_each_status_is_counted_by_the_index_or_by_the_triggers_never_both():

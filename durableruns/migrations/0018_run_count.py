@@ -165,7 +165,7 @@ class Migration(migrations.Migration):
     atomic = False  # the triggers commit before the seed counts the runs (see above)
 
     dependencies = [
-        ("durableruns", "0016_run_state_unfinished_plan_idx"),
+        ("durableruns", "0017_intervention_user_no_constraint"),
     ]
 
     operations = [
