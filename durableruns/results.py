@@ -4,8 +4,8 @@ On PostgreSQL the caller LISTENs on ENDED_CHANNEL before it first reads the reco
 the trigger run_state_ended (migration 0017) notifies that channel with the run_id on the commit that ends a run
 (completed, failed or cancelled), whichever path ends it. A run that ends between the LISTEN and the read is
 seen by the read; one that ends after it is heard. The record is read again every RECHECK_SECONDS even without a
-notification, so a listening connection lost meanwhile costs latency, never an answer. Elsewhere (SQLite) the
-caller polls the record every POLL_SECONDS.
+notification; without a listening connection (none could be made, or it was lost) the caller polls instead.
+Elsewhere (SQLite) the caller polls the record every POLL_SECONDS.
 
 The timeout is the caller's own wait, measured on its monotonic clock; nothing of the run's is decided by it.
 """
@@ -80,20 +80,35 @@ def _ended(run_id: str) -> dict[str, Any] | None:
 @contextmanager
 def _hearing_ends(run_id: str) -> Iterator[Callable[[float], None]]:
     """LISTEN on ENDED_CHANNEL on a connection of its own (on DURABLERUNS_LISTEN_DATABASE, which reaches
-    PostgreSQL directly where a pooler sits in between); yield a pause that returns when `run_id`'s end is
-    heard, or after the seconds it is given."""
+    PostgreSQL directly where a pooler sits in between); yield a pause that returns when `run_id`'s end is heard,
+    or after the seconds it is given. Without that connection (it could not be made, or was lost) the pause is
+    POLL_SECONDS at most: the caller polls instead."""
     import psycopg  # here: a SQLite-only site installs durableruns without the [postgres] extra
 
     from durableruns.connections import plain_params
 
-    with psycopg.connect(**plain_params(conf.listen_database()), autocommit=True) as conn:
+    conn: psycopg.Connection[Any] | None
+    try:
+        conn = psycopg.connect(**plain_params(conf.listen_database()), autocommit=True)
         conn.execute(f"LISTEN {ENDED_CHANNEL}")
+    except psycopg.Error:
+        conn = None
 
-        def pause(seconds: float) -> None:
-            until = time.monotonic() + seconds
-            while (left := until - time.monotonic()) > 0:
-                for note in conn.notifies(timeout=left):
+    def pause(seconds: float) -> None:
+        nonlocal conn
+        if conn is not None:
+            try:
+                for note in conn.notifies(timeout=seconds):
                     if note.payload == run_id:
                         return
+                return
+            except psycopg.Error:
+                conn.close()
+                conn = None
+        time.sleep(min(seconds, POLL_SECONDS))
 
+    try:
         yield pause
+    finally:
+        if conn is not None:
+            conn.close()
