@@ -132,6 +132,21 @@ def test_a_key_limit_holds_one_run_per_key_at_once():
     assert RunState.objects.get(pk=a2).status != RunStatus.RUNNING
 
 
+@pytest.mark.postgres
+def test_a_limit_raised_by_a_deploy_fills_up_as_runs_are_let_go(monkeypatch):
+    from durableruns import registry
+
+    runs = [durableruns.start("limited", {"n": n}) for n in range(7)]
+    taken = [claim(n) for n in range(3)]
+    assert claim(3) is None and RunState.objects.filter(reason=PARKED).count() == 4
+    monkeypatch.setattr(registry.get_workflow("limited"), "concurrency", 5)  # the next deploy's limit
+    monkeypatch.setattr(registry, "_limits", (-1, {}))
+    store.release(taken[0].lease, status=RunStatus.COMPLETED)  # lets one go; each admitted with room lets another
+    assert [claim(n).lease.run_id for n in range(4, 7)] == runs[3:6]
+    assert claim(7) is None
+    assert RunState.objects.filter(pk__in=runs, status=RunStatus.RUNNING).count() == 5
+
+
 # -- limits across worker processes (PostgreSQL) -------------------------------------------------------------
 
 
