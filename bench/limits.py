@@ -11,11 +11,12 @@ Three workloads, each timing `claims` calls of store.claim (the engine's claim) 
   reason limits.PARKED and no wake time, as the claim leaves them.
 
 The figure the issue sets is limited_10000_parked over limited_none_parked (target <= 1.2); limited_none_parked
-over no_limits is what a limit costs a claim at all. Each workload has its own schema (run_state and run_step as
+over no_limits is what a limit costs a claim at all. Beside the times, each limited schema's claim is run 20 times
+under EXPLAIN (ANALYZE, BUFFERS): the buffers a claim touches do not move with the machine's load, the times do. Each workload has its own schema (run_state and run_step as
 bench/claim_cost.py copies them, indexes included); the functions durableruns_admit and durableruns_unpark name
 run_state unqualified, so they work on the schema the claim's search_path points at.
 
-Run: `python -m bench.limits [--claims 300] [--rounds 7] [--out bench/results/limits.json]` (its own database,
+Run: `python -m bench.limits [--claims 300] [--rounds 9] [--out bench/results/limits.json]` (its own database,
 dr_limits_bench by default).
 """
 
@@ -85,6 +86,8 @@ def _workload(schema: str, *, claims: int, limited: bool) -> Any:
             f"SELECT 'due-' || g, %s, %s, 'pending', 0, '', 0, NULL, NULL, '', '{{}}'::jsonb, {key}, "
             "now() + g * interval '1 microsecond', now() FROM generate_series(1, %s) g",
             [workflow.name, workflow.fingerprint, claims])
+        for table in claim_cost.TABLES:  # the last round's claimed runs gone from the indexes, as autovacuum does
+            app.execute(f"VACUUM {schema}.{table}")
         app.execute(f"SET search_path TO {schema}, public")  # the tables here; the functions in public
 
     def work(_prepared: None) -> None:
@@ -103,32 +106,44 @@ def _workload(schema: str, *, claims: int, limited: bool) -> Any:
     return Workload(name=schema, run=work, ops=claims, setup=setup)
 
 
-def _explain(schema: str) -> list[str]:
-    """The plan of the limited claim as the engine sends it, on `schema` with a due run (EXPLAIN ANALYZE takes it)."""
+def _explain(schema: str, *, claims: int = 20) -> dict[str, Any]:
+    """The limited claim as the engine sends it, on `schema`, run `claims` times under EXPLAIN (ANALYZE, BUFFERS)
+    (each takes a due run): the buffers each touched (shared hit + read, the whole statement with the admission
+    function's own queries), a count the machine's load does not move, and the last one's plan."""
+    import statistics
+
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     from bench import app
     from durableruns import store
 
-    _workload(schema, claims=2, limited=True).setup()  # one for the claim captured, one for EXPLAIN ANALYZE
+    _workload(schema, claims=claims + 1, limited=True).setup()  # one for the claim captured, the rest explained
     with CaptureQueriesContext(connection) as captured:
         store.claim(owner="bench-explain", lease_seconds=30)
     statement = captured.captured_queries[-1]["sql"]
     planning, _, claim = statement.partition(";\n")
+    buffers, plan = [], []
     with connection.cursor() as cursor:
+        for _ in range(claims):
+            cursor.execute(f"{planning};\nEXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}")
+            cursor.nextset()
+            top = cursor.fetchone()[0]
+            top = (json.loads(top) if isinstance(top, str) else top)[0]["Plan"]
+            buffers.append(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
         cursor.execute(f"{planning};\nEXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {claim}")
         cursor.nextset()
         plan = [row[0] for row in cursor.fetchall()]
     app.execute("SET search_path TO DEFAULT")
-    return plan
+    return {"buffers_per_claim_median": statistics.median(buffers), "buffers_per_claim_max": max(buffers),
+            "plan": plan}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--db", default="dr_limits_bench")
     parser.add_argument("--claims", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", type=Path, default=Path("bench/results/limits.json"))
     args = parser.parse_args(argv)
     from bench import app
@@ -159,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
                          f"limited_{PARKED_RUNS}_parked": ms[many]},
         "parked_over_none": ratio(ms[many], ms[none]) | {"target": "<= 1.2"},
         "limited_over_no_limits": ratio(ms[none], ms[bare]),
-        "plan_with_parked": _explain(many),
+        "explained": {"limited_none_parked": _explain(none), f"limited_{PARKED_RUNS}_parked": _explain(many)},
         "params": {"claims_per_round": args.claims, "rounds": args.rounds, "parked": PARKED_RUNS,
                    "full_keys": FULL_KEYS, "limit": "1 per key (concurrency_key)",
                    "due_runs": "pending, newer than the parked ones; limited: each under a key of its own"},
@@ -168,7 +183,10 @@ def main(argv: list[str] | None = None) -> None:
         app.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2, default=str) + "\n")
-    print(json.dumps({k: v for k, v in figures.items() if k != "plan_with_parked"}, indent=2, default=str))
+    print(json.dumps({k: v for k, v in figures.items() if k != "explained"}, indent=2, default=str))
+    for name, explained in figures["explained"].items():
+        print(name, "buffers per claim: median", explained["buffers_per_claim_median"], "max",
+              explained["buffers_per_claim_max"])
 
 
 if __name__ == "__main__":
