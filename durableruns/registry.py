@@ -107,6 +107,9 @@ class Workflow:
     under the first would otherwise execute the second's code); from the same module (the module imported again,
     as tests and reloads do) it replaces the first. `replace=True` says a module means to replace a workflow
     declared elsewhere: another deploy of the same flow, loaded in its own worker process by a test.
+
+    `concurrency=N`: at most N runs of the workflow hold a lease at once, across every worker and host; with
+    `concurrency_key=lambda input: ...`, at most N (default 1) per key, the key asked once at start and recorded.
     """
 
     def __init__(self, name: str, *, replace: bool = False, concurrency: int | None = None,

@@ -437,7 +437,9 @@ def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: 
     """Take the due run of highest priority, the oldest among equals (or `run_id`, if it is not held under a
     live lease); bump its epoch. With `queues`, only a run on one of those queues (a named `run_id` is taken
     whatever its queue). Runs in `skip` are left out: a single pass's runs it left due again at once
-    (worker.pool), so it does not spin on them.
+    (worker.pool), so it does not spin on them. A run of a workflow with a concurrency limit is taken only while
+    its (workflow, key) has a slot free; on PostgreSQL one refused is parked (durableruns.pgsql, _CLAIMED_LIMITED)
+    and the claim looks again, at most _PARKS_PER_CLAIM times.
 
     The first time this process (this deploy) finds nothing due, it first makes workable again the runs stopped
     for lacking steps this deploy has (reopen_runnable), and looks once more: a deploy that has the steps came
