@@ -1,8 +1,8 @@
 """durableruns: multi-step business runs that resume from their own record after a crash.
 
-Declare a `Workflow`, start runs with `start`, send them events with `send`, let cron call `manage.py
-resume_runs`, read a run's recovery boundary with `boundary`, and let staff settle escalated steps and approvals
-with `decide`.
+Declare a `Workflow`, start runs with `start`, send them events with `send`, wait for their results with
+`result`, let cron call `manage.py resume_runs`, read a run's recovery boundary with `boundary`, and let staff
+settle escalated steps and approvals with `decide`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from durableruns.models import Intervention
     from durableruns.schedules import Schedule
 
-__all__ = ["Workflow", "Rejected", "start", "send", "boundary", "decide", "adopt_plan", "schedule", "errors"]
+__all__ = ["Workflow", "Rejected", "start", "send", "result", "boundary", "decide", "adopt_plan", "schedule", "errors"]
 
 __version__ = "0.2.0"
 
@@ -39,6 +39,15 @@ def send(run_id: str, event: str, payload: dict[str, Any] | None = None, *, key:
     from durableruns import services
 
     return services.send_event(run_id, event, payload, key=key)
+
+
+def result(run_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+    """Wait until the run ends and return its results by step ({step: result}); errors.RunFailed or
+    errors.RunCancelled (with the reason) if it did not complete, TimeoutError after `timeout` seconds,
+    errors.RunNotFound for an unknown run. LISTENs on PostgreSQL, polls elsewhere."""
+    from durableruns import services
+
+    return services.wait_for_result(run_id, timeout=timeout)
 
 
 def boundary(run_id: str) -> Boundary:

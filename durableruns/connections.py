@@ -105,3 +105,16 @@ def _ours(options: dict[str, Any]) -> dict[str, int]:
             return filled
     _filled.append((options, {}))
     return _filled[-1][1]
+
+
+def plain_params(alias: str) -> dict[str, Any]:
+    """What Django would connect `alias` with (host, credentials, the site's OPTIONS, durableruns' timeouts), for
+    a plain psycopg connection outside Django's per-thread handling, which prepares nothing (a pooler may sit
+    between): the worker's listener and durableruns.result() LISTEN on one."""
+    from django.db import connections
+
+    params = dict(connections[alias].get_connection_params())
+    for django_only in ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool"):
+        params.pop(django_only, None)
+    params["prepare_threshold"] = None
+    return params

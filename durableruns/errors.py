@@ -6,6 +6,8 @@
     ├── InvalidInput              a run's input is not a JSON object
     ├── DuplicateRun              a run with that run_id exists already
     ├── RunNotFound               no run has that run_id
+    ├── RunFailed                 result(): the run ended failed (carries run_id and reason)
+    ├── RunCancelled              result(): the run ended cancelled (carries run_id and reason)
     ├── ResultNotJSON             a step returned (or a decision supplied) a value that is not JSON
     ├── EffectInTransaction       a step was about to act inside an open database transaction
     ├── FencedOut                 this worker's epoch is stale: another worker owns the run now
@@ -57,6 +59,30 @@ class DuplicateRun(DurableRunsError):
 
 class RunNotFound(DurableRunsError):
     """No run has that run_id."""
+
+
+class RunFailed(DurableRunsError):
+    """The run ended failed: it has no results to return."""
+
+    run_id: str
+    reason: str
+
+    def __init__(self, message: str | None = None, *, run_id: str, reason: str = "") -> None:
+        super().__init__(
+            message or f"run {run_id} failed: {reason or 'no reason recorded'}", run_id=run_id, reason=reason
+        )
+
+
+class RunCancelled(DurableRunsError):
+    """The run ended cancelled: it has no results to return."""
+
+    run_id: str
+    reason: str
+
+    def __init__(self, message: str | None = None, *, run_id: str, reason: str = "") -> None:
+        super().__init__(
+            message or f"run {run_id} was cancelled: {reason or 'no reason recorded'}", run_id=run_id, reason=reason
+        )
 
 
 class ResultNotJSON(DurableRunsError):

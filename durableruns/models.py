@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 
 from durableruns.boundary import StepAttempt
+from durableruns.limits import PARKED
 from durableruns.plans import Plan
 from durableruns.querysets import EscalationQuerySet, RunPlanQuerySet, RunStateQuerySet, RunStepQuerySet
 
@@ -71,6 +72,10 @@ class RunState(models.Model):
     queue = models.CharField(
         max_length=100, default="default", db_default="default",
         help_text="The queue the run is on: a worker started with resume_runs --queue takes only its queues' runs.")
+    concurrency_key = models.CharField(
+        max_length=200, null=True, blank=True,
+        help_text="The key the run counts under for its workflow's concurrency limit, recorded at start: empty for "
+                  "a limit on the whole workflow, NULL when its workflow had no limit then.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     alerted_at = models.DateTimeField(
@@ -115,6 +120,14 @@ class RunState(models.Model):
             # this index costs the few unfinished runs, not every run kept (a scan of run_state at a million).
             models.Index(fields=["plan_fingerprint"], name="run_state_unfinished_plan_idx",
                          condition=Q(status__in=["pending", "running", "waiting", "needs_decision"])),
+            # Concurrency limits (durableruns.pgsql, _CLAIM_TEMPLATE): the runs holding a slot of a limit, which a
+            # claim counts per (workflow, key) under the key's lock, and the runs parked by a limit in the order
+            # they are let go when a slot frees. Both hold limited runs only, so they stay small.
+            models.Index(fields=["workflow", "concurrency_key"], name="run_state_limit_running_idx",
+                         condition=Q(status="running", concurrency_key__isnull=False)),
+            models.Index(fields=["workflow", "concurrency_key", "-priority", "created_at"],
+                         name="run_state_limit_parked_idx",
+                         condition=Q(status="waiting", concurrency_key__isnull=False, reason=PARKED)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from django.db import connections, models
@@ -29,6 +30,22 @@ class RunStateQuerySet(models.QuerySet):
         skipped if another worker holds the lock."""
         due = self.due(now).filter(queue__in=queues) if queues else self.due(now)
         return due.order_by("-priority", "created_at").select_for_update(skip_locked=True)
+
+    def within_limits(self, limits: Mapping[str, int]) -> RunStateQuerySet:
+        """Leave out the runs their concurrency limit holds back: a limited run (of a workflow in `limits`, with
+        a key recorded) not running yet, whose (workflow, key) has its limit of runs running already. A running
+        run (its worker died) keeps its slot. Exact only where claims do not race (SQLite's one writer);
+        PostgreSQL's claim admits under a lock (durableruns.pgsql)."""
+        if not limits:
+            return self
+        holding = (self.model._default_manager.filter(status="running", workflow=models.OuterRef("workflow"),
+                                                      concurrency_key=models.OuterRef("concurrency_key"))
+                   .order_by().values("workflow").annotate(n=models.Count("pk")).values("n"))
+        full = Q()
+        for workflow, limit in limits.items():
+            full |= Q(workflow=workflow, limit_holding__gte=limit)
+        return (self.alias(limit_holding=Coalesce(models.Subquery(holding), 0))
+                .exclude(Q(concurrency_key__isnull=False) & ~Q(status="running") & full))
 
     def with_attempts(self) -> RunStateQuerySet:
         """Runs with all their attempts in one extra query: what each run's boundary and sentence need."""

@@ -107,15 +107,31 @@ class Workflow:
     under the first would otherwise execute the second's code); from the same module (the module imported again,
     as tests and reloads do) it replaces the first. `replace=True` says a module means to replace a workflow
     declared elsewhere: another deploy of the same flow, loaded in its own worker process by a test.
+
+    `concurrency=N`: at most N runs of the workflow hold a lease at once, across every worker and host; with
+    `concurrency_key=lambda input: ...`, at most N (default 1) per key, the key asked once at start and recorded.
     """
 
-    def __init__(self, name: str, *, replace: bool = False) -> None:
+    def __init__(self, name: str, *, replace: bool = False, concurrency: int | None = None,
+                 concurrency_key: Callable[[dict[str, Any]], Any] | None = None) -> None:
         if not name or not isinstance(name, str):
             raise DeclarationError("a workflow needs a non-empty name")
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                        or concurrency < 1):
+            raise DeclarationError(f"workflow {name!r}: concurrency must be a positive whole number, not "
+                                   f"{concurrency!r}", workflow=name)
+        if concurrency_key is not None and not callable(concurrency_key):
+            raise DeclarationError(f"workflow {name!r}: concurrency_key must be a function of the run's input, not "
+                                   f"{concurrency_key!r}", workflow=name)
         if len(name) > NAME_LIMIT:
             raise DeclarationError(f"workflow {name[:40]!r}... has a {len(name)}-character name: the record "
                                    f"stores at most {NAME_LIMIT}", workflow=name)
         self.name = name
+        # At most `concurrency` runs hold a lease at once: of the workflow, or per key with `concurrency_key`
+        # (1 by default there). The key is asked once, at start, and recorded on the run (run_state.
+        # concurrency_key); the limit itself is this deploy's, read by every claim (durableruns.pgsql).
+        self.concurrency = concurrency if concurrency is not None else (1 if concurrency_key is not None else None)
+        self.concurrency_key = concurrency_key
         self.module = _declaring_module(self)
         self.steps: list[Step] = []
         self._by_name: dict[str, Step] = {}
@@ -299,6 +315,20 @@ class Workflow:
         """Hash the ordered step names and policies: the plan a run started now records (durableruns.plans)."""
         return self.as_plan().fingerprint
 
+    @property
+    def limited(self) -> bool:
+        """Whether runs of this workflow are bounded by a concurrency limit."""
+        return self.concurrency is not None
+
+    def limit_key(self, input: dict[str, Any]) -> str | None:
+        """The key a run started now with `input` records for its limit: None for an unlimited workflow, "" for a
+        limit on the whole workflow, else str() of what `concurrency_key(input)` returns."""
+        if self.concurrency is None:
+            return None
+        if self.concurrency_key is None:
+            return ""
+        return str(self.concurrency_key(input))
+
     def as_plan(self) -> Plan:
         """This deploy's plan of the workflow; computed again only after a step is declared (steps are only ever
         appended), since every start and every claim asks for it."""
@@ -347,6 +377,18 @@ def get_workflow(name: str) -> Workflow:
 def workflows() -> dict[str, Workflow]:
     """Return every registered workflow by name."""
     return dict(_registry)
+
+
+_limits: tuple[int, dict[str, int]] = (-1, {})
+
+
+def limits() -> dict[str, int]:
+    """Workflow name -> its concurrency limit, for every registered workflow that has one: what a claim bounds
+    (the limit is this deploy's; the key each run counts under was recorded when it started)."""
+    global _limits
+    if _limits[0] != _changes:
+        _limits = (_changes, {wf.name: wf.concurrency for wf in _registry.values() if wf.concurrency is not None})
+    return _limits[1]
 
 
 def first_steps() -> FirstSteps:

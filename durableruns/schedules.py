@@ -211,6 +211,7 @@ def start_due(*, clock: Any = None) -> Tick:
                 plan=workflow.as_plan(),
                 input=dict(declared.input),
                 clock=clock,
+                concurrency_key=workflow.limit_key(dict(declared.input)),
             )
         upcoming.append(declared.next_slot(now))
     next_in = (min(upcoming) - now).total_seconds() if upcoming else None

@@ -63,7 +63,8 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
     Among due runs a worker takes the highest `priority` first; a worker limited to queues (resume_runs --queue)
     takes only runs on its `queue`s; a run with `run_after` (an aware datetime) is not due before that time, by
     the database's clock. In a process that traces (the [otel] extra), the trace context current now is
-    recorded with it: the run's passes continue it.
+    recorded with it: the run's passes continue it. A workflow with a concurrency_key has it asked of `input`
+    now, once; the run records it and counts under it.
     """
     workflow = get_workflow(workflow_name)
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
@@ -89,12 +90,17 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
         # A run id goes into mail headers, log lines and terminals: a newline in it breaks an alert's subject
         # for ever, an escape sequence rewrites an operator's screen.
         raise InvalidInput(f"run_id {run_id!r} holds a control character (a newline, a tab, ...), which is refused")
+    concurrency_key = workflow.limit_key(input)  # asked once, here, and recorded: a resume never asks again
+    if concurrency_key is not None and (len(concurrency_key) > 200 or not _storable_text(concurrency_key)):
+        raise InvalidInput(f"the concurrency key of {workflow_name} must be at most 200 storable characters, not "
+                           f"{concurrency_key[:60]!r}")
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
     plan = workflow.as_plan()
     traces = tracing_in_use()
     trace_context = None if traces is None else traces.current_context()
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
-                     trace_context=trace_context, priority=priority, queue=queue, run_after=run_after)
+                     trace_context=trace_context, priority=priority, queue=queue, run_after=run_after,
+                     concurrency_key=concurrency_key)
     return run_id
 
 
@@ -207,6 +213,13 @@ def get_run(run_id: str) -> RunState:
         return RunState.objects.get(pk=run_id)
     except RunState.DoesNotExist:
         raise RunNotFound(run_id=run_id) from None
+
+
+def wait_for_result(run_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+    """Wait until the run ends; return its results by step, or raise RunFailed / RunCancelled / TimeoutError."""
+    from durableruns.results import wait_for_result as wait
+
+    return wait(run_id, timeout=timeout)
 
 
 def run_boundary(run_id: str) -> Boundary:

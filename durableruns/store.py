@@ -50,7 +50,7 @@ from durableruns.models import (
     WorkerPresence,
 )
 from durableruns.plans import Plan, attempted_in_order, check_fit, lacking
-from durableruns.registry import FirstSteps, generation, get_workflow, workflows
+from durableruns.registry import FirstSteps, generation, get_workflow, limits, workflows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +191,22 @@ def _finish(lease: Lease, step: str, attempt: int, **fields: Any) -> None:
         )
 
 
+# How many runs one claim may park before it gives up for now (each parked run is out of every probe after).
+_PARKS_PER_CLAIM = 100
+
+
+def _limits_json() -> str | None:
+    """This deploy's concurrency limits as the claim takes them (JSON: workflow -> limit), or None if it has none:
+    then the claim is the statement without limits."""
+    bounds = limits()
+    return _limits_json_for(tuple(sorted(bounds.items()))) if bounds else None
+
+
+@functools.lru_cache(maxsize=16)
+def _limits_json_for(bounds: tuple[tuple[str, int], ...]) -> str:
+    return json.dumps(dict(bounds))
+
+
 def _first_steps_json(first_steps: FirstSteps) -> str:
     return _first_steps_json_for(first_steps, conf.standby_intents() is not None)
 
@@ -254,7 +270,7 @@ def schedule_marks(names: list[str], *, now: datetime) -> dict[str, datetime]:
 
 
 def start_slots(*, schedule: str, slots: list[tuple[datetime, str]], workflow: str, plan: Plan,
-                input: dict[str, Any], clock: Clock = DATABASE) -> list[str]:
+                input: dict[str, Any], clock: Clock = DATABASE, concurrency_key: str | None = None) -> list[str]:
     """Start the run of each (slot, run_id) later than the schedule's last slot, and record the latest as its
     last, in one commit under the schedule's row lock; return the run_ids started.
 
@@ -271,7 +287,7 @@ def start_slots(*, schedule: str, slots: list[tuple[datetime, str]], workflow: s
         for _, run_id in fresh:
             try:
                 create_run(run_id=run_id, workflow=workflow, plan_fingerprint=plan.fingerprint, input=input,
-                           clock=clock, plan=plan)
+                           clock=clock, plan=plan, concurrency_key=concurrency_key)
             except DuplicateRun:
                 continue
             started.append(run_id)
@@ -377,11 +393,13 @@ def plan_of(workflow: str, fingerprint: str) -> Plan | None:
 
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any],
                clock: Clock = DATABASE, plan: Plan | None = None, trace_context: dict[str, str] | None = None,
-               priority: int = 0, queue: str = "default", run_after: datetime | None = None) -> None:
+               priority: int = 0, queue: str = "default", run_after: datetime | None = None,
+               concurrency_key: str | None = None) -> None:
     """Record a pending run, created at the database's now; a worker picks it up (with `run_after`, a run
     waiting until then: the claim compares it with the database's now). `plan`, the run's plan, is recorded with
     it the first time this process starts a run of that fingerprint. `trace_context`: the trace the run's passes
-    continue (durableruns.tracing), if one was current.
+    continue (durableruns.tracing), if one was current. `concurrency_key`: the key the run counts under for its
+    workflow's concurrency limit ("" for the whole workflow), or None for a workflow without one.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
@@ -390,7 +408,7 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
     deferred = "" if run_after is None else DEFERRED
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
               "status": RunStatus.PENDING if run_after is None else RunStatus.WAITING, "wake_at": run_after,
-              "reason": deferred, "priority": priority, "queue": queue,
+              "reason": deferred, "priority": priority, "queue": queue, "concurrency_key": concurrency_key,
               "created_at": clock.expression(), "updated_at": clock.expression(), "trace_context": trace_context}
     try:
         if connections[conf.database()].in_atomic_block:
@@ -406,7 +424,8 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
                 pgsql.create_run(run=run_id, workflow=workflow, fingerprint=plan_fingerprint,
                                  input=to_json(input, what="the input"),
                                  trace=None if trace_context is None else to_json(trace_context, what="the trace"),
-                                 priority=priority, queue=queue, wake_at=run_after, deferred=deferred)
+                                 priority=priority, queue=queue, wake_at=run_after, deferred=deferred,
+                                 concurrency_key=concurrency_key)
             else:
                 RunState.objects.create(**fields)
     except IntegrityError:
@@ -420,7 +439,9 @@ def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: 
     """Take the due run of highest priority, the oldest among equals (or `run_id`, if it is not held under a
     live lease); bump its epoch. With `queues`, only a run on one of those queues (a named `run_id` is taken
     whatever its queue). Runs in `skip` are left out: a single pass's runs it left due again at once
-    (worker.pool), so it does not spin on them.
+    (worker.pool), so it does not spin on them. A run of a workflow with a concurrency limit is taken only while
+    its (workflow, key) has a slot free; on PostgreSQL one refused is parked (durableruns.pgsql, _CLAIMED_LIMITED)
+    and the claim looks again, at most _PARKS_PER_CLAIM times.
 
     The first time this process (this deploy) finds nothing due, it first makes workable again the runs stopped
     for lacking steps this deploy has (reopen_runnable), and looks once more: a deploy that has the steps came
@@ -482,18 +503,25 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
     """
     if run_id is None and _fast():
         times = {"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)}
-        try:
-            taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(first_steps),
-                                before_commit=before_first_intent, hints=hints, queues=queues, skip=skip)
-        except (DataError, IntegrityError):
-            if not first_steps:
-                raise
-            # The first intent rode on the claim and the database refused it: that run's data (a step name longer
-            # than its column, recorded before a deploy that refuses such names). The statement took nothing;
-            # claim again without it, so the engine records the intent on its own, where the pool ends that run's
-            # turn only (worker.pool) instead of this claim stopping every pass at the same run.
-            taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(()),
-                                before_commit=before_first_intent, hints=hints, queues=queues, skip=skip)
+        bounds = _limits_json()
+        for _ in range(_PARKS_PER_CLAIM):
+            try:
+                taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(first_steps),
+                                    before_commit=before_first_intent, hints=hints, queues=queues, skip=skip,
+                                    limits=bounds)
+            except (DataError, IntegrityError):
+                if not first_steps:
+                    raise
+                # The first intent rode on the claim and the database refused it: that run's data (a step name
+                # longer than its column, recorded before a deploy that refuses such names). The statement took
+                # nothing; claim again without it, so the engine records the intent on its own, where the pool
+                # ends that run's turn only (worker.pool) instead of this claim stopping every pass at the same run.
+                taken = pgsql.claim(owner=owner, times=times, first_steps=_first_steps_json(()),
+                                    before_commit=before_first_intent, hints=hints, queues=queues, skip=skip,
+                                    limits=bounds)
+            # A run parked by its limit was not taken, and is out of every probe now: look again for the next.
+            if taken is not None or pgsql.parked_by_last_claim() is None:
+                break
         if taken is None:
             return None
         taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace = taken
@@ -504,12 +532,15 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                        attempts=[_attempt(a) for a in _decoded(attempts)], first_intent=first,
                        ending=ending or "", trace_context=_decoded(trace))
     with transaction.atomic(using=conf.database(), durable=True):
+        # Concurrency limits here: the limited runs whose key has no slot free are left out. SQLite has one writer
+        # at a time (its transactions begin IMMEDIATE, durableruns.sqlite), so the count and the take are not
+        # raced; nothing is parked (the limited runs are walked past instead: SQLite is the small, embedded case).
         if run_id is None:
-            candidates = RunState.objects.claimable(clock.expression(), queues=queues)
+            candidates = RunState.objects.claimable(clock.expression(), queues=queues).within_limits(limits())
             if skip:
                 candidates = candidates.exclude(pk__in=list(skip))
         else:
-            candidates = (RunState.objects.filter(pk=run_id).takeable(clock.expression())
+            candidates = (RunState.objects.filter(pk=run_id).takeable(clock.expression()).within_limits(limits())
                           .select_for_update(skip_locked=True))
         row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending",
                                 "trace_context").first()

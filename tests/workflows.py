@@ -430,3 +430,42 @@ def _on_timeout(mode: str) -> Workflow:
 
 
 waits_fail, waits_escalate, waits_continue = (_on_timeout(m) for m in ("fail", "escalate", "continue"))
+
+
+# Concurrency limits and result() (issue 23, tests/integration/test_limits.py): each step takes TEST_LIMITED_SECONDS
+# (0.1 s by default), long enough that runs would overlap without their limit.
+def _busy() -> dict[str, float]:
+    """Take a while, and say when the step's own work began and ended (this host's clock: the test's workers share
+    it), which is the interval the limit bounds: a far session held from the first moment to the last."""
+    began = time.time()
+    time.sleep(float(os.environ.get("TEST_LIMITED_SECONDS", 0.1)))
+    return {"began": began, "ended": time.time()}
+
+
+limited = Workflow("limited", concurrency=3)
+
+
+@limited.step(policy="re_executable")
+def limited_work(ctx: Any) -> dict[str, Any]:
+    return {"n": ctx.input.get("n"), **_busy()}
+
+
+keyed = Workflow("keyed", concurrency_key=lambda input: input["buyer"])
+
+
+@keyed.step(policy="re_executable")
+def keyed_open(ctx: Any) -> dict[str, Any]:
+    return {"did": "open", **_busy()}
+
+
+@keyed.step(policy="re_executable")
+def keyed_close(ctx: Any) -> dict[str, Any]:
+    return {"did": "close", **_busy()}
+
+
+refused = Workflow("refused")
+
+
+@refused.step(policy="re_executable", max_attempts=1, fails_on=FarRejected)
+def refuse(ctx: Any) -> None:
+    raise FarRejected("no such supplier")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from durableruns import conf
+from durableruns.connections import plain_params
 from durableruns.pgsql import NEXT_DUE, next_due_from_last_claim
 from durableruns.pgsql import WAKE_CHANNEL as CHANNEL
 from durableruns.worker.background import Background
@@ -142,11 +143,5 @@ class Listener(Background):
 
 
 def _connection_params(alias: str) -> dict[str, Any]:
-    """What Django would connect `alias` with (host, credentials, the site's OPTIONS, durableruns' timeouts), for
-    a plain psycopg connection outside Django's per-thread handling, which prepares nothing (a pooler may sit
-    between)."""
-    params = dict(connections[alias].get_connection_params())
-    for django_only in ("cursor_factory", "context", "prepare_threshold", "server_side_binding", "pool"):
-        params.pop(django_only, None)
-    params["prepare_threshold"] = None
-    return params
+    """What Django would connect `alias` with, for a plain psycopg connection (durableruns.connections)."""
+    return plain_params(alias)

@@ -56,8 +56,9 @@ def test_the_hot_path_prepares_its_fenced_statements_and_reuses_their_plans():
     connection.close()  # a session of its own: prepared statements live as long as the connection
     run_to_completion(8)  # more executions than PostgreSQL's 5 custom plans before it tries a generic one
     statements = prepared_statements()
-    # Only the engine's own statements: Django's queries are client-side.
-    engine = ("WITH fence AS", "WITH created AS", "WITH claimed AS")
+    # Only the engine's own statements: Django's queries are client-side. (The claim is the one with concurrency
+    # limits, WITH chosen AS: tests.workflows declares limited workflows.)
+    engine = ("WITH fence AS", "WITH created AS", "WITH claimed AS", "WITH chosen AS")
     assert statements and all(s.startswith(engine) for s in statements), statements
     # The run's insert, its claim (with its first intent), 3 results.
     assert sum(generic + custom for generic, custom in statements.values()) == 8 * 5, statements
@@ -139,7 +140,7 @@ def test_a_backlog_is_claimed_by_walking_the_index_whatever_the_statistics_say()
     # The claim is prepared: the plan PostgreSQL caches for it was made under the setting too.
     with connection.cursor() as cursor:
         cursor.execute("SELECT name, cardinality(parameter_types), generic_plans FROM pg_prepared_statements"
-                       " WHERE statement LIKE '%UPDATE run_state SET status = ''running''%'")
+                       " WHERE statement LIKE '%FOR UPDATE SKIP LOCKED%'")  # the claim (limited or not)
         [(name, params, generic)] = cursor.fetchall()
         cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['NULL'] * params)})")
         cached = "\n".join(line for (line,) in cursor.fetchall())
@@ -181,7 +182,7 @@ def test_where_django_logs_queries_the_statements_are_logged_with_their_values()
     assert all(isinstance(sql, str) and sql for sql in logged), logged
     facts = [sql for sql in logged if sql.lstrip().startswith("WITH fence AS")]  # 3 results
     assert len(facts) == 3 and all(f"'{run_id}'" in sql for sql in facts), facts
-    claims = [sql for sql in logged if "WITH claimed AS" in sql]  # with the first intent and its workflow
+    claims = [sql for sql in logged if "FOR UPDATE SKIP LOCKED" in sql]  # with the first intent and its workflow
     assert len(claims) == 1 and "INSERT INTO run_step" in claims[0] and '"scripted"' in claims[0], claims
 
 

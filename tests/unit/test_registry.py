@@ -238,3 +238,18 @@ def test_a_name_that_went_round_the_declaration_is_a_system_check_error():
     finally:
         registry._registry.pop("unit_long_unchecked")
     assert not [m for m in check_workflows() if m.id == "durableruns.E005"]
+
+
+@pytest.mark.parametrize("bad", [{"concurrency": 0}, {"concurrency": -2}, {"concurrency": True},
+                                 {"concurrency": 1.5}, {"concurrency_key": "buyer"}])
+def test_a_non_positive_limit_or_a_key_that_is_not_a_function_is_refused(bad):
+    with pytest.raises(DeclarationError):
+        Workflow("badly_limited", **bad)
+
+
+def test_a_limit_records_its_key_as_a_string_and_defaults_to_one_per_key(monkeypatch):
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))  # restored afterwards
+    assert Workflow("limit_free").limit_key({"buyer": 7}) is None
+    assert Workflow("limit_whole", concurrency=4).limit_key({"buyer": 7}) == ""
+    keyed = Workflow("limit_keyed", concurrency_key=lambda input: input["buyer"])
+    assert keyed.concurrency == 1 and keyed.limit_key({"buyer": 7}) == "7"
