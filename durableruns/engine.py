@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durableruns import conf, plans, signals, store, testing, waits
+from durableruns import children, conf, plans, signals, store, testing, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
@@ -424,15 +424,21 @@ class Engine:
             if escalation is not None:
                 verdict = getattr(escalation, "decision", None)
                 staff, escalation_open = (verdict.action, False) if verdict else ("", True)
+        kids: tuple[waits.Child, ...] = ()
+        if wait.kind is waits.Kind.JOIN:  # the children's results are read only when the join settles
+            kids = children.children_of(state.run_id)
+            if waits.join_settles(wait, begun, kids, now):
+                kids = children.with_results(kids)
         move = waits.next_move(wait, step.name, waits.Facts(
             now=now, attempt=begun, asked=asked, staff=staff, escalation_open=escalation_open, decision=decision,
-            event=waits.Event(id=event[0], payload=event[1]) if event else None))
+            event=waits.Event(id=event[0], payload=event[1]) if event else None, children=kids))
         attempt = self._next_attempt(state, step) if move.fresh or begun is None else begun.attempt
         key = effect_key(state.run_id, step.name)
         kind = waits.Move
         if move.move in (kind.BEGIN, kind.WAIT):
             store.wait(lease, step=step.name, attempt=attempt, until=move.until, reason=move.reason,
-                       event=wait.event, approval=wait.kind is waits.Kind.APPROVAL, cursor=index, effect_key=key,
+                       event=wait.event, approval=wait.kind is waits.Kind.APPROVAL,
+                       join=wait.kind is waits.Kind.JOIN, cursor=index, effect_key=key,
                        detail=dict(move.detail or {}) if move.move is kind.BEGIN else None, clock=self.clock)
             raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.WAITING, detail=move.reason,
                                    steps_run=state.steps_run))
@@ -508,11 +514,15 @@ class Engine:
                              progress=progress, clock=self.clock)
             state.loop_cursor, state.progress = loop_cursor, copy.deepcopy(progress)  # as committed
 
+        def start_child(workflow: Workflow | str, input: Any, key: Any) -> str:
+            return children.start(lease, step.name, workflow, input, key=key, clock=self.clock)
+
         ctx = StepContext(
             run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
             effect_key=intent.effect_key, attempt=intent.attempt,
             timeout=step_timeout(step),
             progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
+            start_child=start_child,
         )
         ensure_autocommit()
         with _traced_call(state, step, intent.attempt):

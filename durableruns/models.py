@@ -39,6 +39,7 @@ class Resolution(models.TextChoices):
     EVENT = "event", "an event sent to the run"
     TIMER = "timer", "its wake time came"
     TIMEOUT = "timeout", "timed out, and went on"
+    CHILDREN = "children", "its child runs ended"
 
 
 class RunState(models.Model):
@@ -71,6 +72,10 @@ class RunState(models.Model):
     queue = models.CharField(
         max_length=100, default="default", db_default="default",
         help_text="The queue the run is on: a worker started with resume_runs --queue takes only its queues' runs.")
+    parent_id = models.CharField(
+        max_length=200, null=True, blank=True,
+        help_text="The run that started this one as a child (ctx.start_run), recorded in the commit that created "
+                  "it; NULL for a run started otherwise. A join of the parent waits until its children end.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     alerted_at = models.DateTimeField(
@@ -115,6 +120,9 @@ class RunState(models.Model):
             # this index costs the few unfinished runs, not every run kept (a scan of run_state at a million).
             models.Index(fields=["plan_fingerprint"], name="run_state_unfinished_plan_idx",
                          condition=Q(status__in=["pending", "running", "waiting", "needs_decision"])),
+            # A run's children (a join reads their statuses, a cancel finds them, a child's end its siblings): only
+            # children are indexed, so runs started otherwise cost the index nothing.
+            models.Index(fields=["parent_id"], name="run_state_parent_idx", condition=Q(parent_id__isnull=False)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),

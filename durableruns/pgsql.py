@@ -193,7 +193,7 @@ WITH fence AS (
 _RESULT_HEAD = """
 WITH fence AS (
   UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s, {state}
-   WHERE run_id = %(run)s AND epoch = %(epoch)s
+   WHERE run_id = %(run)s AND epoch = %(epoch)s{child}
      AND EXISTS (SELECT 1 FROM run_step
                   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
   RETURNING run_id),
@@ -206,10 +206,16 @@ done AS (
 """
 _STILL_RUNNING = "lease_expires_at = now() + %(shift)s + %(lease)s"
 _FINISHED = "status = 'completed', lease_expires_at = NULL, wake_at = NULL, reason = ''"
+# A child run's last result is not finished here (2, and nothing written): its commit must also wake its parent's
+# join once no sibling may still move, which needs the parent's row locked before the siblings are read (a later
+# statement of the same transaction: store._wake_parent). The probe costs runs without a parent nothing more than
+# the key lookup of the row the statement updates anyway.
+A_CHILD = 2
 _RECORD_RESULT = {
-    (False, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + "SELECT 1 FROM fence",
-    (False, True): _RESULT_HEAD.format(state=_FINISHED) + "SELECT 1 FROM fence",
-    (True, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + ", intent AS (" + _INTENT_ROW
+    (False, False): _RESULT_HEAD.format(state=_STILL_RUNNING, child="") + "SELECT 1 FROM fence",
+    (False, True): _RESULT_HEAD.format(state=_FINISHED, child=" AND parent_id IS NULL")
+    + "SELECT 1 FROM fence UNION ALL SELECT 2 FROM run_state WHERE run_id = %(run)s AND parent_id IS NOT NULL",
+    (True, False): _RESULT_HEAD.format(state=_STILL_RUNNING, child="") + ", intent AS (" + _INTENT_ROW
     + " RETURNING 1) SELECT 1 FROM fence",
 }
 
@@ -506,9 +512,10 @@ def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int
 
 def record_result(*, run: str, epoch: int, owner: str, times: Times, cursor: int, step: str, attempt: int,
                   result: str, resolution: str, finish: bool, intent: dict[str, Any] | None,
-                  standby: str | None = None) -> bool:
+                  standby: str | None = None) -> bool | int:
     """Complete the started attempt, move the cursor, and either add the next intent or finish the run; with
-    `standby`, the commit (the next intent's) waits for the standby."""
+    `standby`, the commit (the next intent's) waits for the standby. False if fenced out; A_CHILD, with nothing
+    written, for the last result of a child run (store.record_result records it with its parent's wake)."""
     params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, "step": step, "attempt": attempt,
               "result": result, "resolution": resolution, **times}
     if intent is not None:
@@ -516,7 +523,10 @@ def record_result(*, run: str, epoch: int, owner: str, times: Times, cursor: int
     sql = _RECORD_RESULT[(intent is not None, finish)]
     if standby is not None:
         return _waiting_for_standby(sql, params, standby)[0] is not None
-    return _one(sql, params) is not None
+    row = _one(sql, params)
+    if row is not None and row[0] == A_CHILD:
+        return A_CHILD
+    return row is not None
 
 
 def _waiting_for_standby(sql: str, params: dict[str, Any], level: str) -> tuple[Any, int]:

@@ -30,6 +30,7 @@ from durableruns.errors import (
     ApprovalNotFound,
     DuplicateRun,
     FencedOut,
+    InvalidInput,
     ResultNotJSON,
     RunNotActionable,
     RunNotFound,
@@ -616,12 +617,13 @@ def record_result(
             resolution=resolution, finish=finish and next_intent is None,
             intent=_intent_params(next_intent) if next_intent else None, standby=level,
         )
-        if not recorded:
-            raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
-                            run_id=lease.run_id, epoch=lease.epoch)
-        if finish and next_intent is None:  # signals
-            signals.run_finished(lease.run_id, RunStatus.COMPLETED)
-        return
+        if recorded != pgsql.A_CHILD:  # a child's last result takes the path below, which wakes its parent
+            if not recorded:
+                raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
+                                run_id=lease.run_id, epoch=lease.epoch)
+            if finish and next_intent is None:  # signals
+                signals.run_finished(lease.run_id, RunStatus.COMPLETED)
+            return
     with transaction.atomic(durable=True):
         _wait_for_standby(level)
         fields: dict[str, Any] = {"updated_at": clock.expression(),
@@ -643,6 +645,8 @@ def record_result(
             )
         if next_intent is not None:
             _insert_intent(lease, next_intent, clock)
+        elif finish:
+            _wake_parent(lease.run_id, clock)
     if finish and next_intent is None:  # signals
         signals.run_finished(lease.run_id, RunStatus.COMPLETED)
 
@@ -715,6 +719,8 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         if status in (RunStatus.PENDING, RunStatus.WAITING):  # due now, or at a time idle workers must learn
             _wake_workers()
+        elif status in ENDED:
+            _wake_parent(lease.run_id, clock)
     signals.run_finished(lease.run_id, status, reason=storable(reason))  # signals: completed, failed, cancelled
 
 
@@ -765,6 +771,8 @@ def end(lease: Lease, *, clock: Clock = DATABASE, status: str | None = None, rea
             updated_at=clock.expression())
         if status == RunStatus.PENDING:
             _wake_workers()
+        elif status in ENDED:
+            _wake_parent(lease.run_id, clock)
     if status == RunStatus.FAILED:  # a cancellation was announced at the staff act that asked for it
         signals.run_finished(lease.run_id, status, reason=reason)
     return status
@@ -840,6 +848,8 @@ def record_decision(
             RunState.objects.filter(pk=escalation.run_id).update(**run_fields)
             if run_fields["status"] == RunStatus.PENDING:
                 _wake_workers()
+            elif run_fields["status"] in ENDED:
+                _wake_parent(escalation.run_id, clock)
             return decision
     except IntegrityError:
         first = Intervention.objects.select_related(None).get(escalation_id=escalation_id)
@@ -870,10 +880,17 @@ def record_staff_action(
     A cancel also closes the run's open escalation, if any, so the queue does not keep asking about a run
     nobody will resume. Locks are taken escalation first, then run, the order record_decision uses.
     """
+    cancelled: list[str] = []
     with transaction.atomic(durable=True):
         now = clock.now()
         pending = None
         if action == Intervention.Action.CANCEL:
+            # Its unfinished descendants first, the deepest first: a child's row is locked before its parent's,
+            # the order a child's own end takes them (_wake_parent), so the two never deadlock.
+            for child in reversed(_descendants(run_id)):
+                if _cancel_child(child, ancestor=run_id, decided_by=decided_by, user_id=user_id, note=note,
+                                 now=now):
+                    cancelled.append(child)
             pending = (Escalation.objects.select_for_update(of=("self",))
                        .filter(run_id=run_id, decision__isnull=True).first())
         run = RunState.objects.select_for_update().filter(pk=run_id).first()
@@ -893,16 +910,58 @@ def record_staff_action(
         )
         if new_status == RunStatus.PENDING:
             _wake_workers()
+        elif new_status in ENDED and run_id not in cancelled:
+            _wake_parent(run_id, clock)
         fields: dict[str, Any] = {"run_id": run_id, "step": step, "attempt": attempt, "action": action,
                                   "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": note}
-        if pending is not None:
-            try:
-                with transaction.atomic():  # a decision may have won the escalation meanwhile
-                    return Intervention.objects.create(escalation=pending, **dict(
-                        fields, step=pending.step, attempt=pending.attempt))
-            except IntegrityError:
-                pass
-        return Intervention.objects.create(**fields)
+        act = _staff_act(fields, pending)
+    for child in cancelled:  # signals
+        signals.run_finished(child, RunStatus.CANCELLED, reason=f"cancel by {decided_by} with {run_id}: {note}",
+                             by=decided_by)
+    return act
+
+
+def _staff_act(fields: dict[str, Any], pending: Escalation | None) -> Intervention:
+    """Record a staff act on a run, closing its open escalation `pending` with it if a decision has not."""
+    if pending is not None:
+        try:
+            with transaction.atomic():  # a decision may have won the escalation meanwhile
+                return Intervention.objects.create(escalation=pending, **dict(
+                    fields, step=pending.step, attempt=pending.attempt))
+        except IntegrityError:
+            pass
+    return Intervention.objects.create(**fields)
+
+
+def _descendants(run_id: str) -> list[str]:
+    """The run's children, then their children, and so on: breadth first, by the parent index."""
+    found: list[str] = []
+    frontier = [run_id]
+    while frontier:
+        frontier = list(RunState.objects.filter(parent_id__in=frontier).order_by("run_id")
+                        .values_list("run_id", flat=True))
+        found.extend(frontier)
+    return found
+
+
+def _cancel_child(run_id: str, *, ancestor: str, decided_by: str, user_id: int | None, note: str,
+                  now: datetime) -> bool:
+    """Inside the cancel of `ancestor`: cancel its descendant `run_id` if it is unfinished, as a staff cancel of
+    it would (its open escalation closed, what it holds given back by a worker first, its worker fenced out by
+    the epoch bump); False if it had ended."""
+    pending = (Escalation.objects.select_for_update(of=("self",))
+               .filter(run_id=run_id, decision__isnull=True).first())
+    if RunState.objects.select_for_update().filter(pk=run_id).unfinished().values_list("pk", flat=True).first() is None:
+        return False
+    fields = _ending_fields(run_id, RunStatus.CANCELLED)
+    reason = f"cancel by {decided_by} with {ancestor}: {note}"
+    RunState.objects.filter(pk=run_id).update(epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None,
+                                              updated_at=now, reason=storable(reason), **fields)
+    if fields["status"] == RunStatus.PENDING:
+        _wake_workers()  # a worker gives back what it holds, then ends it cancelled
+    _staff_act({"run_id": run_id, "step": "", "attempt": None, "action": Intervention.Action.CANCEL,
+                "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": reason}, pending)
+    return True
 
 
 def adopt_plan(
@@ -1025,9 +1084,12 @@ def give_run_alert_mark_back(run_id: str, *, now: datetime, previous: datetime |
 # -- runs that wait (durableruns.waits): a wait is a started attempt, a status and a wake time ------------------
 
 
-def _came(run_id: str, *, event: str, approval: bool, step: str, attempt: int) -> bool:
+def _came(run_id: str, *, event: str, approval: bool, step: str, attempt: int, join: bool = False) -> bool:
     """Whether what the wait at `step` (attempt `attempt`) waits for is in the record already: an event of its
-    name not consumed (`event`), or a decision on the approval's attempt (`approval`)."""
+    name not consumed (`event`), a decision on the approval's attempt (`approval`), or, for a join, the end of
+    every child run."""
+    if join:
+        return not RunState.objects.filter(parent_id=run_id).unfinished().exists()
     if event:
         return RunEvent.objects.filter(run_id=run_id, event=event, consumed_at__isnull=True).exists()
     return approval and Intervention.objects.filter(run_id=run_id, step=step, attempt=attempt,
@@ -1038,16 +1100,16 @@ APPROVAL_ACTIONS = (Intervention.Action.APPROVE, Intervention.Action.REJECT)
 
 
 def wait(lease: Lease, *, step: str, attempt: int, until: datetime | None, reason: str, event: str = "",
-         approval: bool = False, cursor: int | None = None, effect_key: str = "", detail: dict[str, Any] | None = None,
-         clock: Clock = DATABASE) -> None:
+         approval: bool = False, join: bool = False, cursor: int | None = None, effect_key: str = "",
+         detail: dict[str, Any] | None = None, clock: Clock = DATABASE) -> None:
     """Hand the run back waiting at the wait `step` until `until` (None: until something is sent or decided),
     holding no lease; with `detail`, first begin the wait: its started attempt records what it waits for and
     until when, once. One commit.
 
     The run's row is updated first (on PostgreSQL its lock; on SQLite the write lock), then the record is read
     again: an event or decision that committed before is seen, and the run is due at once; one committing after
-    finds the run waiting and makes it due itself (record_event, record_approval). Nothing sent is left waiting
-    out the timeout."""
+    finds the run waiting and makes it due itself (record_event, record_approval, a child's end: _wake_parent).
+    Nothing sent is left waiting out the timeout."""
     fields: dict[str, Any] = {"status": RunStatus.WAITING, "wake_at": until, "lease_expires_at": None,
                               "reason": storable(reason), "updated_at": clock.expression()}
     if cursor is not None:
@@ -1059,7 +1121,7 @@ def wait(lease: Lease, *, step: str, attempt: int, until: datetime | None, reaso
             RunStep.objects.create(
                 run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED, effect_key=effect_key,
                 started_at=clock.expression(), owner=lease.owner, epoch=lease.epoch, progress=detail)
-        if _came(lease.run_id, event=event, approval=approval, step=step, attempt=attempt):
+        if _came(lease.run_id, event=event, approval=approval, step=step, attempt=attempt, join=join):
             RunState.objects.filter(pk=lease.run_id).update(wake_at=clock.expression())
         _wake_workers()  # idle workers learn the wake time (their timer), or take it now
 
@@ -1167,3 +1229,68 @@ def _already(first: Intervention) -> AlreadyDecided:
     return AlreadyDecided(
         f"already decided by {first.decided_by} at {first.decided_at:%Y-%m-%d %H:%M:%S}: {first.get_action_display()}",
         run_id=first.run_id, step=first.step, decided_by=first.decided_by, decided_at=first.decided_at)
+
+
+# -- child runs (durableruns.children): a run started by a step of another, and the wake of its parent's join -----
+
+UNFINISHED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION)
+
+
+def start_child(lease: Lease, *, run_id: str, workflow: str, plan: Plan, input: dict[str, Any],
+                clock: Clock = DATABASE) -> bool:
+    """Record the pending child run `run_id` of the run `lease` holds, its parent recorded on it, in one commit
+    fenced on the parent's epoch (a worker fenced out, the parent cancelled or taken over, starts nothing);
+    return True if created, False if that child exists already with the same workflow and input (a step run
+    again after a crash). Insert or compare: the primary key refuses a second child of that run_id, however
+    concurrent; the same run_id with another workflow, input or parent is InvalidInput."""
+    with transaction.atomic(durable=True):
+        _fence(lease, clock)
+        created = False
+        if not RunState.objects.filter(pk=run_id).exists():
+            record_plan(plan, clock=clock)
+            try:
+                with transaction.atomic():
+                    RunState.objects.create(
+                        run_id=run_id, workflow=workflow, plan_fingerprint=plan.fingerprint, input=input,
+                        status=RunStatus.PENDING, parent_id=lease.run_id, created_at=clock.expression(),
+                        updated_at=clock.expression())
+                created = True
+            except IntegrityError:  # a stale worker of the same parent made it first: compare with it
+                pass
+        if created:
+            _wake_workers()
+        else:
+            _same_child(run_id, parent=lease.run_id, workflow=workflow, input=input)
+    if created:
+        signals.send_on_commit(signals.run_started, RunState, run_id=run_id, workflow=workflow)  # signals
+    return created
+
+
+def _same_child(run_id: str, *, parent: str, workflow: str, input: dict[str, Any]) -> None:
+    row = RunState.objects.filter(pk=run_id).values_list("parent_id", "workflow", "input").get()
+    if row[0] != parent:
+        raise InvalidInput(f"run {run_id} exists already and is not a child of {parent}: choose another key",
+                           run_id=run_id)
+    if row[1] != workflow or _decoded(row[2]) != json.loads(to_json(input, what="the input")):
+        raise InvalidInput(f"child run {run_id} was started with another workflow or input ({row[1]}): a key "
+                           f"names one child; give another child another key", run_id=run_id)
+
+
+def _wake_parent(run_id: str, clock: Clock) -> None:
+    """Inside the commit that ends the child run `run_id`: make its parent due at once if it waits at a join and
+    no other child of it may still move, and wake idle workers.
+
+    The parent's row is locked first and its children are read in the next statement: on PostgreSQL, read
+    committed, that statement sees every sibling whose end committed before this one took the lock, so of two
+    last children ending together the second wakes the parent (a single statement would read both as running,
+    and neither would). The parent's own wait (store.wait) locks its row, then reads its children, alike."""
+    parent = RunState.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
+    if parent is None:
+        return
+    status = RunState.objects.select_for_update().filter(pk=parent).values_list("status", flat=True).first()
+    if status != RunStatus.WAITING:
+        return
+    if RunState.objects.filter(parent_id=parent).unfinished().exists():
+        return
+    if RunState.objects.filter(pk=parent, status=RunStatus.WAITING).update(wake_at=clock.expression()):
+        _wake_workers()
