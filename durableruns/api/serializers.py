@@ -399,9 +399,18 @@ class HoldingSerializer(serializers.Serializer):
     )
 
 
-class RunDetailSerializer(RunSerializer):
-    """A run in full: its boundary in plan order, what it holds, every attempt, its escalations and staff acts."""
+class RelativeSerializer(serializers.Serializer):
+    run_id = serializers.CharField()
+    workflow = serializers.CharField()
+    status = serializers.CharField(help_text="pending, running, waiting, needs_decision, completed, failed, cancelled")
 
+
+class RunDetailSerializer(RunSerializer):
+    """A run in full: its boundary in plan order, what it holds, every attempt, its escalations and staff acts,
+    the run that started it and the child runs it started."""
+
+    parent = serializers.SerializerMethodField(help_text="The run that started this one (ctx.start_run), if any.")
+    children = serializers.SerializerMethodField(help_text="The child runs this run started, by run_id.")
     boundary = serializers.SerializerMethodField()
     holdings = serializers.SerializerMethodField(
         help_text="What the run holds or may hold in other systems (held, possibly_held); empty once given back."
@@ -421,6 +430,8 @@ class RunDetailSerializer(RunSerializer):
             "plan_fingerprint",
             "epoch",
             "input",
+            "parent",
+            "children",
             "boundary",
             "ending",
             "holdings",
@@ -430,6 +441,18 @@ class RunDetailSerializer(RunSerializer):
             "events",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(RelativeSerializer(allow_null=True))
+    def get_parent(self, run: RunState) -> dict[str, Any] | None:
+        if run.parent_id is None:
+            return None
+        found = RunState.objects.filter(pk=run.parent_id).values("run_id", "workflow", "status").first()
+        return RelativeSerializer(found).data if found else None
+
+    @extend_schema_field(RelativeSerializer(many=True))
+    def get_children(self, run: RunState) -> list[dict[str, Any]]:
+        rows = RunState.objects.children_of(run.run_id).values("run_id", "workflow", "status")
+        return list(RelativeSerializer(rows, many=True).data)
 
     @extend_schema_field(HoldingSerializer(many=True))
     def get_holdings(self, run: RunState) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ them, and reads their results; the carrier's ledger shows a doubled child or boo
 from __future__ import annotations
 
 import pytest
+from django.contrib.admin.utils import quote
 
 import durableruns
 from durableruns import services, store
@@ -133,3 +134,23 @@ def test_cancelling_a_parent_cancels_its_unfinished_children(far: FarSystems) ->
     assert Intervention.objects.filter(run_id=south, action="cancel").exists()
     services.resume_due()
     assert far.carrier.count() == 2  # north's and south's bookings; east never ran
+
+
+def test_the_admin_and_the_api_show_a_runs_parent_and_children(far: FarSystems, admin_client) -> None:
+    run_id = durableruns.start("shipping", warehouses("north", "south"), run_id="ship-shown")
+    services.resume_due(run_id=run_id)  # the children exist, pending; the parent waits at its join
+    north, south = (child_run_id(run_id, "book_warehouses", n) for n in ("north", "south"))
+    page = admin_client.get(f"/admin/durableruns/runstate/{quote(run_id)}/change/").content.decode()
+    for child in (north, south):
+        assert f'href="/admin/durableruns/runstate/{quote(child)}/change/"' in page
+    assert page.count('data-relation="child"') == 2 and "pending" in page
+    child_page = admin_client.get(f"/admin/durableruns/runstate/{quote(north)}/change/").content.decode()
+    assert f'href="/admin/durableruns/runstate/{quote(run_id)}/change/"' in child_page
+    assert 'data-relation="parent"' in child_page
+
+    detail = admin_client.get(f"/api/runs/{run_id}/").json()
+    assert detail["parent"] is None
+    assert detail["children"] == [{"run_id": north, "workflow": "booking", "status": "pending"},
+                                  {"run_id": south, "workflow": "booking", "status": "pending"}]
+    assert admin_client.get(f"/api/runs/{north}/").json()["parent"] == {
+        "run_id": run_id, "workflow": "shipping", "status": "waiting"}
