@@ -2,8 +2,8 @@
 
 durableruns: a `bench_parent` run's first step starts 100 `bench_child` runs (one no-op step each) with
 ctx.start_run, its join waits (holding no worker) until they ended, and a last step counts them. The runs are
-worked in this process by services.resume_due(concurrency=T), T threads claiming as separate workers do. Timed:
-from services.start_run of the parent until the parent is completed.
+worked by one `resume_runs --loop --concurrency T` process started before the rounds (its idle threads woken by
+NOTIFY). Timed, in this process: from services.start_run of the parent until the record says it completed.
 
 DBOS 3.4: a parent workflow calls DBOS.start_workflow 100 times for a child workflow of one no-op step, then
 get_result() on each handle. Timed in a process of its own (DBOS launched untimed, one parent run as a warm-up):
@@ -43,19 +43,23 @@ TARGET = 0.5
 # -- durableruns ---------------------------------------------------------------------------------------------------
 
 
-def durableruns_round(*, children: int, concurrency: int) -> float:
-    """Seconds from starting the parent until it completed, its children worked by `concurrency` threads."""
+def durableruns_round(*, children: int) -> float:
+    """Seconds from starting the parent until it completed, the runs worked by the --loop worker already
+    running (its idle threads woken by NOTIFY, as in production); this process polls the parent's status."""
     from bench import workflows
     from durableruns import services
     from durableruns.models import RunState, RunStatus
 
     began = time.perf_counter()
     run_id = services.start_run(workflows.parent_fan.name, {"children": children})
+    deadline = began + 300
     while True:
-        services.resume_due(concurrency=concurrency, idle_seconds=0.05)
         status = RunState.objects.values_list("status", flat=True).get(pk=run_id)
         if status not in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING):
             break
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"the parent is still {status} after 300 s")
+        time.sleep(0.002)
     seconds = time.perf_counter() - began
     counted = (RunState.objects.get(pk=run_id).attempts.filter(step="count_children", status="completed")
                .values_list("result", flat=True).first())
@@ -122,21 +126,26 @@ def dbos_round(*, children: int, dbname: str) -> dict[str, Any]:
 # -- the figure ----------------------------------------------------------------------------------------------------
 
 
-def measure(*, children: int, concurrency: int, rounds: int, dbos_db: str) -> dict[str, Any]:
+def measure(*, children: int, concurrency: int, rounds: int, app_db: str, dbos_db: str) -> dict[str, Any]:
     """durableruns' and DBOS's wall time for `children` children started and joined, in alternating rounds."""
     from bench import app
 
     app.reset()
-    durableruns_round(children=children, concurrency=concurrency)  # warm-up: connections, plans recorded
+    worker = app.LoopWorker(app_db, "--loop", "--concurrency", str(concurrency), "--lease", "30")
+    pickup = worker.first_line()
     ours: list[float] = []
     theirs: list[float] = []
     threads = None
-    for _ in range(rounds):
-        app.reset()
-        ours.append(durableruns_round(children=children, concurrency=concurrency))
-        dbos = dbos_round(children=children, dbname=dbos_db)
-        theirs.append(dbos["seconds"])
-        threads = dbos.get("executor_threads")
+    try:
+        durableruns_round(children=children)  # warm-up: the worker's connections, plans recorded
+        for _ in range(rounds):
+            app.clear()  # row by row: the worker's prepared plans stay valid
+            ours.append(durableruns_round(children=children))
+            dbos = dbos_round(children=children, dbname=dbos_db)
+            theirs.append(dbos["seconds"])
+            threads = dbos.get("executor_threads")
+    finally:
+        worker.stop()
     app.reset()
     ours_s, theirs_s = summarize(ours), summarize(theirs)
     return {
@@ -145,11 +154,13 @@ def measure(*, children: int, concurrency: int, rounds: int, dbos_db: str) -> di
         "durableruns_over_dbos": ratio(ours_s, theirs_s),
         "samples": {"durableruns": ours, "dbos": theirs},
         "params": {"children": children, "durableruns_threads": concurrency, "dbos_executor_threads": threads,
-                   "rounds": rounds,
-                   "durableruns": "services.start_run of the parent until it is completed: its step starts the "
-                                  "children (ctx.start_run, a commit each), its join waits holding nothing, the "
-                                  "children run on services.resume_due's threads, the last child's end wakes "
-                                  "the join, a last step counts the results",
+                   "rounds": rounds, "durableruns_worker": pickup.strip(),
+                   "durableruns": "services.start_run of the parent until it is completed, worked by one "
+                                  "resume_runs --loop process already running: the parent's step asks for the "
+                                  "children (ctx.start_run; a re_executable step's children are recorded in its "
+                                  "result's commit), its join waits holding nothing, the children run on the "
+                                  "worker's threads, the last child's end wakes the join, a last step counts "
+                                  "the results; this process polls the parent's status every 2 ms",
                    "dbos": "DBOS.start_workflow of the parent until get_result(): the parent starts the children "
                            "(DBOS.start_workflow each) and waits on each handle's get_result()"},
     }
@@ -180,7 +191,7 @@ def write(out: Path, meta: dict[str, Any], figure: dict[str, Any]) -> None:
         "",
         "| system | wall time, s | threads |",
         "|---|---:|---:|",
-        f"| durableruns (ctx.start_run x {p['children']}, join) | {ours['median']:.3f} "
+        f"| durableruns (ctx.start_run x {p['children']}, join; resume_runs --loop) | {ours['median']:.3f} "
         f"({ours['p10']:.3f}-{ours['p90']:.3f}) | {p['durableruns_threads']} |",
         f"| DBOS 3.4 (DBOS.start_workflow x {p['children']}, get_result) | {theirs['median']:.3f} "
         f"({theirs['p10']:.3f}-{theirs['p90']:.3f}) | {p['dbos_executor_threads']} |",
@@ -230,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     app.configure(app_db)
     meta["postgresql"] = server_settings()
     try:
-        figure = measure(children=args.children, concurrency=args.concurrency, rounds=args.rounds, dbos_db=dbos_db)
+        figure = measure(children=args.children, concurrency=args.concurrency, rounds=args.rounds, app_db=app_db,
+                         dbos_db=dbos_db)
     finally:
         if not args.keep:
             from django.db import connections

@@ -2,9 +2,11 @@
 
 A child's run_id is derived from its parent, the step and the caller's key, `<parent>/<step>/<key>`, so a step
 run again after a crash asks for the same run_id, and the record answers: the child exists already (same
-workflow and input: the same child), or it is another (InvalidInput). The child is recorded at once, in its own
-commit fenced on the parent's epoch, with its parent on it (store.start_child): it exists before the step's
-result does, never twice. The join's rule is pure (durableruns.waits); this module reads the facts it needs.
+workflow and input: the same child), or it is another (InvalidInput). A re_executable step's children are
+recorded in its result's commit (a crash before it runs the step again, which asks for them again); any other
+step's at once, each in its own commit fenced on the parent's epoch (a lookup or a person may settle that step
+without running it again). Either way a child exists no later than the step's result, with its parent on it,
+and never twice. The join's rule is pure (durableruns.waits); this module reads the facts it needs.
 """
 
 from __future__ import annotations
@@ -48,19 +50,46 @@ def child_run_id(parent: str, step: str, key: Any) -> str:
     return run_id
 
 
-def start(lease: store.Lease, step: str, workflow: Workflow | str, input: Any, *, key: Any,
-          clock: Clock = store.DATABASE) -> str:
-    """Start (or find again) the child `key` of `step` of the run `lease` holds; return its run_id."""
+def _asked(parent: str, step: str, workflow: Workflow | str, input: Any, key: Any) -> store.NewChild:
     flow = workflow if isinstance(workflow, Workflow) else get_workflow(workflow)
     if not isinstance(input, dict):
         raise InvalidInput(f"a child run's input must be a JSON object, not {type(input).__name__}")
     try:
-        json.loads(store.to_json(input, what="the child run's input"))
+        stored = json.loads(store.to_json(input, what="the child run's input"))
     except ResultNotJSON as exc:
         raise InvalidInput(str(exc)) from None
-    run_id = child_run_id(lease.run_id, step, key)
-    store.start_child(lease, run_id=run_id, workflow=flow.name, plan=flow.as_plan(), input=input, clock=clock)
-    return run_id
+    return store.NewChild(run_id=child_run_id(parent, step, key), workflow=flow.name, plan=flow.as_plan(),
+                          input=stored)
+
+
+def start(lease: store.Lease, step: str, workflow: Workflow | str, input: Any, *, key: Any,
+          clock: Clock = store.DATABASE) -> str:
+    """Start (or find again) the child `key` of `step` of the run `lease` holds, in a commit of its own; return
+    its run_id. For a step that is not re_executable: its attempt may be settled by a lookup or a person without
+    running again, so what it started must be in the record at once."""
+    child = _asked(lease.run_id, step, workflow, input, key)
+    store.start_child(lease, run_id=child.run_id, workflow=child.workflow, plan=child.plan, input=child.input,
+                      clock=clock)
+    return child.run_id
+
+
+def ask(parent: str, step: str, workflow: Workflow | str, input: Any, *, key: Any,
+        asked: dict[str, store.NewChild]) -> str:
+    """Ask for the child `key` of `step` of run `parent`, to be recorded with the step's result (store.
+    record_result, in the same commit): for a re_executable step, which runs again whenever its result is not
+    recorded, so its children exist exactly when its result does (100 children: one commit, not 100). A child in
+    the record already (the step ran before, or another attempt recorded it) is compared, not asked again; the
+    same key asked twice in one attempt must ask for the same child. Return its run_id."""
+    child = _asked(parent, step, workflow, input, key)
+    earlier = asked.get(child.run_id)
+    if earlier is not None:
+        if (earlier.workflow, earlier.input) != (child.workflow, child.input):
+            raise InvalidInput(f"child run {child.run_id} was asked for with another workflow or input "
+                               f"({earlier.workflow}): a key names one child", run_id=child.run_id)
+        return child.run_id
+    if not store.child_exists(child, parent=parent):
+        asked[child.run_id] = child
+    return child.run_id
 
 
 def children_of(run_id: str) -> tuple[Child, ...]:

@@ -110,6 +110,8 @@ class _Pass:
     # Per step, since its floor: [observed failures, ends in doubt], from the record, then counted in the pass.
     _tally: dict[str, list[int]] = field(default_factory=dict)
     attempts: list[StepAttempt] = field(default_factory=list)
+    # The child runs the attempt in hand asked for, recorded with its result (a re_executable step's).
+    children: dict[str, store.NewChild] = field(default_factory=dict)
 
     def tally(self, step: str) -> list[int]:
         """[failures, crashes] of `step` since staff last gave it a fresh count; the pass adds to it in place."""
@@ -492,8 +494,9 @@ class Engine:
             last = index + 1 == len(plan)
             store.record_result(lease, step=step.name, attempt=intent.attempt, result=result, cursor=index + 1,
                                 clock=self.clock, intent_recorded=recorded, effect_key=intent.effect_key,
-                                next_intent=next_intent, finish=last,
-                                encoded=encoded)  # commit 2, the last thing the step does
+                                next_intent=next_intent, finish=last, encoded=encoded,
+                                children=list(state.children.values()))  # commit 2, the last thing the step does
+            state.children = {}
             state.finished = last
             # Later steps see the result as recorded (JSON's keys are strings, its arrays lists), exactly as they
             # would after a resume: a pass that ran live and one that resumed must not see different values.
@@ -514,7 +517,11 @@ class Engine:
                              progress=progress, clock=self.clock)
             state.loop_cursor, state.progress = loop_cursor, copy.deepcopy(progress)  # as committed
 
+        state.children = {}  # what this attempt asks for; a raise drops it (a new attempt asks again)
+
         def start_child(workflow: Workflow | str, input: Any, key: Any) -> str:
+            if step.policy is Policy.RE_EXECUTABLE:  # recorded with the step's result (durableruns.children)
+                return children.ask(state.run_id, step.name, workflow, input, key=key, asked=state.children)
             return children.start(lease, step.name, workflow, input, key=key, clock=self.clock)
 
         ctx = StepContext(

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DataError, IntegrityError, connection, connections, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone as django_timezone
 
 from durableruns import conf, pgsql, signals
@@ -602,28 +602,30 @@ def record_result(
     next_intent: Intent | None = None,
     finish: bool = False,
     encoded: str | None = None,
+    children: list[NewChild] | None = None,
 ) -> None:
     """Commit 2: the step's result and the moved cursor, and in the same commit either the next step's intent
-    or, with `finish`, the run's completion.
+    or, with `finish`, the run's completion; and the child runs the step asked for (`children`), if any.
 
     Sharing the commit is safe: the next step has not acted yet, and its intent is still durable before it does.
     """
     encoded = to_json(result, what=f"the result of {step}") if encoded is None else encoded
     level = _standby_level(next_intent)
-    if intent_recorded and _fast():
+    if intent_recorded and not children and _fast():
         recorded = pgsql.record_result(
             run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
             cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
             resolution=resolution, finish=finish and next_intent is None,
             intent=_intent_params(next_intent) if next_intent else None, standby=level,
         )
-        if recorded != pgsql.A_CHILD:  # a child's last result takes the path below, which wakes its parent
-            if not recorded:
-                raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
-                                run_id=lease.run_id, epoch=lease.epoch)
-            if finish and next_intent is None:  # signals
-                signals.run_finished(lease.run_id, RunStatus.COMPLETED)
-            return
+        if not recorded:
+            raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
+                            run_id=lease.run_id, epoch=lease.epoch)
+        if isinstance(recorded, str):  # a child's end that saw a sibling still moving: ask once more, now
+            _wake_parent_after(recorded, clock)
+        if finish and next_intent is None:  # signals
+            signals.run_finished(lease.run_id, RunStatus.COMPLETED)
+        return
     with transaction.atomic(durable=True):
         _wait_for_standby(level)
         fields: dict[str, Any] = {"updated_at": clock.expression(),
@@ -647,6 +649,10 @@ def record_result(
             _insert_intent(lease, next_intent, clock)
         elif finish:
             _wake_parent(lease.run_id, clock)
+        if children:
+            _record_children(lease, children, clock)
+    for child in children or ():  # signals
+        signals.send_on_commit(signals.run_started, RunState, run_id=child.run_id, workflow=child.workflow)
     if finish and next_intent is None:  # signals
         signals.run_finished(lease.run_id, RunStatus.COMPLETED)
 
@@ -886,7 +892,7 @@ def record_staff_action(
         pending = None
         if action == Intervention.Action.CANCEL:
             # Its unfinished descendants first, the deepest first: a child's row is locked before its parent's,
-            # the order a child's own end takes them (_wake_parent), so the two never deadlock.
+            # the order a child's own end takes them (_wake_parent, for the last child), so they never deadlock.
             for child in reversed(_descendants(run_id)):
                 if _cancel_child(child, ancestor=run_id, decided_by=decided_by, user_id=user_id, note=note,
                                  now=now):
@@ -1236,6 +1242,38 @@ def _already(first: Intervention) -> AlreadyDecided:
 UNFINISHED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION)
 
 
+@dataclass(frozen=True, kw_only=True)
+class NewChild:
+    """A child run a step asked for (durableruns.children): what its row records."""
+
+    run_id: str
+    workflow: str
+    plan: Plan
+    input: dict[str, Any]
+
+
+def child_exists(child: NewChild, *, parent: str) -> bool:
+    """Whether the child is in the record already (True), after comparing it with the one asked for: another
+    workflow, input or parent under its run_id is InvalidInput. False: it is not recorded yet."""
+    if not RunState.objects.filter(pk=child.run_id).exists():
+        return False
+    _same_child(child.run_id, parent=parent, workflow=child.workflow, input=child.input)
+    return True
+
+
+def _record_children(lease: Lease, children: list[NewChild], clock: Clock) -> None:
+    """Inside a step's result commit: insert the children it asked for, pending, their parent on them. A row
+    that is there already (ON CONFLICT DO NOTHING) was compared when the step asked for it."""
+    for plan in {c.plan.fingerprint: c.plan for c in children}.values():
+        record_plan(plan, clock=clock)
+    RunState.objects.bulk_create(
+        [RunState(run_id=c.run_id, workflow=c.workflow, plan_fingerprint=c.plan.fingerprint, input=c.input,
+                  status=RunStatus.PENDING, parent_id=lease.run_id, created_at=clock.expression(),
+                  updated_at=clock.expression()) for c in children],
+        ignore_conflicts=True)
+    _wake_workers()
+
+
 def start_child(lease: Lease, *, run_id: str, workflow: str, plan: Plan, input: dict[str, Any],
                 clock: Clock = DATABASE) -> bool:
     """Record the pending child run `run_id` of the run `lease` holds, its parent recorded on it, in one commit
@@ -1277,20 +1315,31 @@ def _same_child(run_id: str, *, parent: str, workflow: str, input: dict[str, Any
 
 
 def _wake_parent(run_id: str, clock: Clock) -> None:
-    """Inside the commit that ends the child run `run_id`: make its parent due at once if it waits at a join and
-    no other child of it may still move, and wake idle workers.
+    """Inside the commit that ends the child run `run_id`: make its parent due at once if it waits (at its join)
+    and no other child of it may still move, as this transaction sees them; idle workers are woken on commit.
 
-    The parent's row is locked first and its children are read in the next statement: on PostgreSQL, read
-    committed, that statement sees every sibling whose end committed before this one took the lock, so of two
-    last children ending together the second wakes the parent (a single statement would read both as running,
-    and neither would). The parent's own wait (store.wait) locks its row, then reads its children, alike."""
+    Children of one parent end without locking the parent's row (their ends would queue on it, one commit
+    after another). Two last children ending together may each see the other still running, and neither wake
+    the parent here: so a child that saw a sibling unfinished asks once more, in one statement after its own
+    commit (_wake_parent_after). The last child to commit asks after every other child's end committed, and its
+    statement sees them all ended. Were it killed between its commit and that statement, the join's recheck
+    (waits.JOIN_RECHECK) finds its children ended from the record alone."""
     parent = RunState.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
     if parent is None:
         return
-    status = RunState.objects.select_for_update().filter(pk=parent).values_list("status", flat=True).first()
-    if status != RunStatus.WAITING:
-        return
-    if RunState.objects.filter(parent_id=parent).unfinished().exists():
+    if RunState.objects.filter(parent_id=parent).exclude(pk=run_id).unfinished().exists():
+        transaction.on_commit(functools.partial(_wake_parent_after, parent, clock), robust=True)
         return
     if RunState.objects.filter(pk=parent, status=RunStatus.WAITING).update(wake_at=clock.expression()):
+        _wake_workers()
+
+
+def _wake_parent_after(parent: str, clock: Clock) -> None:
+    """After a child's end committed: one statement that makes the parent due if it waits and none of its
+    children may still move. Its snapshot is taken after that commit; if the parent's own wait holds its row,
+    the update waits for it and then finds it waiting."""
+    woke = RunState.objects.filter(pk=parent, status=RunStatus.WAITING).exclude(
+        Exists(RunState.objects.filter(parent_id=OuterRef("pk"), status__in=UNFINISHED))
+    ).update(wake_at=clock.expression())
+    if woke:
         _wake_workers()

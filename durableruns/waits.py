@@ -47,6 +47,11 @@ class OnChildFailure(enum.StrEnum):
     CONTINUE = "continue"  # the join completes; its result shows each child's status
 
 
+# A join waiting for its children is due again at least this often: a child's end makes it due at once
+# (store._wake_parent), and this recheck finds the children ended from the record alone should that wake be lost
+# (a worker killed between a child's end and its parent's wake). Its cost: one claim per waiting join this often.
+JOIN_RECHECK = timedelta(minutes=1)
+
 # A child run in one of these may still move (an escalated child holds the join until staff decide it).
 CHILD_OPEN = frozenset({"pending", "running", "waiting", "needs_decision"})
 
@@ -275,9 +280,10 @@ def _join(wait: Wait, step: str, facts: Facts) -> Next:
                         reason=f"{step}: child run {first.run_id} {first.status}{why}{more}")
         return Next(fresh=begun is None, move=Move.COMPLETE, result=join_result(children), resolution="children",
                     reason=f"{step}: {len(children)} child run(s) ended")
+    recheck = facts.now + JOIN_RECHECK
     if begun is None:
         deadline = facts.now + wait.timeout if wait.timeout is not None else None
-        return Next(fresh=True, move=Move.BEGIN, until=deadline,
+        return Next(fresh=True, move=Move.BEGIN, until=min(deadline, recheck) if deadline else recheck,
                     detail={"until": iso(deadline) if deadline else None, "kind": wait.kind.value},
                     reason=f"{step}: waiting for {len(waiting)} child run(s)")
     until = recorded_until(begun)
@@ -288,7 +294,8 @@ def _join(wait: Wait, step: str, facts: Facts) -> Next:
         if wait.on_timeout is OnTimeout.CONTINUE:
             return Next(move=Move.COMPLETE, result=join_result(children), resolution="timeout", reason=reason)
         return Next(move=Move.FAIL, reason=reason)
-    return Next(move=Move.WAIT, until=until, reason=f"{step}: waiting for {len(waiting)} child run(s)")
+    return Next(move=Move.WAIT, until=min(until, recheck) if until else recheck,
+                reason=f"{step}: waiting for {len(waiting)} child run(s)")
 
 
 def replace_event(facts: Facts) -> Facts:

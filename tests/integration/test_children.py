@@ -12,8 +12,10 @@ from django.contrib.admin.utils import quote
 import durableruns
 from durableruns import services, store
 from durableruns.children import child_run_id
+from durableruns.clock import Clock
 from durableruns.errors import InvalidInput
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
+from durableruns.waits import JOIN_RECHECK
 from project.purchasing.far import FarSystems
 from tests.workflows import warehouses
 
@@ -106,7 +108,9 @@ def test_an_escalated_child_holds_the_join_until_staff_decide_it(far: FarSystems
     assert status(run_id) == RunStatus.WAITING
     services.resume_due()  # nothing moves the join while the child waits for staff
     parent = RunState.objects.get(pk=run_id)
-    assert parent.status == RunStatus.WAITING and parent.wake_at is None
+    assert parent.status == RunStatus.WAITING
+    services.resume_due(clock=Clock(shift=JOIN_RECHECK * 2))  # its recheck finds the child still undecided
+    assert status(run_id) == RunStatus.WAITING
     assert "waiting for its child runs at bookings" in services.run_boundary(run_id).sentence()
     durableruns.decide(south, "confirm_booking", "happened", by="ops", note="the warehouse confirmed by phone",
                        result={"warehouse": "south", "booked": "by phone"})

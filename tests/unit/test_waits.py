@@ -10,6 +10,7 @@ from durableruns import Workflow
 from durableruns.boundary import StepAttempt, compute_boundary
 from durableruns.errors import DeclarationError
 from durableruns.waits import (
+    JOIN_RECHECK,
     Child,
     Decision,
     Event,
@@ -219,14 +220,17 @@ def kids(*statuses: str) -> tuple[Child, ...]:
 
 
 @pytest.mark.parametrize(("wait", "attempt", "children", "now", "move", "until"), [
-    # not begun: children still moving -> begin (with the deadline from now); none -> complete at once
-    (JOIN, None, kids("pending", "completed"), T0, Move.BEGIN, None),
-    (JOIN_TIMED, None, kids("running"), T0, Move.BEGIN, T0 + HOUR),
+    # not begun: children still moving -> begin, due again at the recheck (or the deadline, if sooner); none ->
+    # complete at once
+    (JOIN, None, kids("pending", "completed"), T0, Move.BEGIN, T0 + JOIN_RECHECK),
+    (JOIN_TIMED, None, kids("running"), T0, Move.BEGIN, T0 + JOIN_RECHECK),
+    (JOIN_TIMED, None, kids("running"), T0 + HOUR - JOIN_RECHECK / 2, Move.BEGIN, T0 + HOUR + JOIN_RECHECK / 2),
     (JOIN, None, (), T0, Move.COMPLETE, None),
     (JOIN, None, kids("completed", "completed"), T0, Move.COMPLETE, None),
     # begun: an escalated or waiting child holds it; every child ended -> complete, or fail on a failure
-    (JOIN, begun(None), kids("completed", "needs_decision"), T0, Move.WAIT, None),
-    (JOIN_TIMED, begun(T0 + HOUR), kids("waiting"), T0, Move.WAIT, T0 + HOUR),
+    (JOIN, begun(None), kids("completed", "needs_decision"), T0, Move.WAIT, T0 + JOIN_RECHECK),
+    (JOIN_TIMED, begun(T0 + HOUR), kids("waiting"), T0, Move.WAIT, T0 + JOIN_RECHECK),
+    (JOIN_TIMED, begun(T0 + HOUR), kids("waiting"), T0 + HOUR - JOIN_RECHECK / 2, Move.WAIT, T0 + HOUR),
     (JOIN, begun(None), kids("completed", "completed"), T0, Move.COMPLETE, None),
     (JOIN, begun(None), kids("completed", "failed"), T0, Move.FAIL, None),
     (JOIN, begun(None), kids("cancelled", "completed"), T0, Move.FAIL, None),
@@ -242,6 +246,12 @@ def test_the_join_rule(wait, attempt, children, now, move, until):
     assert (nxt.move, nxt.until) == (move, until)
     assert nxt.fresh == (attempt is None)
     assert join_settles(wait, attempt, children, now) == (move in (Move.COMPLETE, Move.FAIL))
+
+
+def test_a_begun_join_records_its_deadline_not_its_recheck():
+    nxt = next_move(JOIN_TIMED, "j", Facts(now=T0, children=kids("running")))
+    assert nxt.detail == {"until": (T0 + HOUR).isoformat(), "kind": "join"}
+    assert next_move(JOIN, "j", Facts(now=T0, children=kids("running"))).detail == {"until": None, "kind": "join"}
 
 
 def test_a_join_result_maps_each_child_to_its_status_and_results_and_a_failure_names_the_child():
