@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -102,8 +103,10 @@ def _dbos_process(children: int, dbname: str) -> None:
         from dbos._dbos import _get_dbos_instance
 
         executor = _get_dbos_instance()._executor
-        print(RESULT_MARKER + json.dumps({"seconds": seconds,
-                                          "executor_threads": getattr(executor, "_max_workers", None)}), flush=True)
+        threads = getattr(executor, "_max_workers", None)
+        print(RESULT_MARKER + json.dumps({"seconds": seconds,  # sys.maxsize: DBOS 3.4's executor is unbounded
+                                          "executor_threads": "unbounded" if threads == sys.maxsize else threads}),
+              flush=True)
     finally:
         DBOS.destroy(destroy_registry=True)
 
@@ -214,6 +217,20 @@ def _git() -> str:
     return done.stdout.strip() or "unknown"
 
 
+def _command(argv: list[str]) -> str:
+    """The command line that reproduces the run (its --note is commentary, not a parameter)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--note":
+            skip = True
+        elif not arg.startswith("--note="):
+            kept.append(arg)
+    return shlex.join(["python", "-m", "bench.children", *kept])
+
+
 def _drop(dbname: str) -> None:
     with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
@@ -235,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
 
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", "bench.children", *argv]), "nproc": os.cpu_count(),
+        "command": _command(argv), "nproc": os.cpu_count(),
         "loadavg_start": os.getloadavg(), "python": platform.python_version(), "git": _git(), "note": args.note,
     }
     app.configure(app_db)

@@ -224,7 +224,8 @@ def family(run: RunState) -> dict[str, Any]:
     parent = None
     if run.parent_id is not None:
         found = RunState.objects.filter(pk=run.parent_id).values("run_id", "workflow", "status").first()
-        parent = _relative(found) if found else {"run_id": run.parent_id, "workflow": "", "url": "", "status": "deleted"}
+        parent = (_relative(found) if found else
+                  {"run_id": run.parent_id, "workflow": "", "url": "", "status": "deleted"})
     children = RunState.objects.children_of(run.run_id).values("run_id", "workflow", "status")
     shown = [_relative(row) for row in children[:CHILDREN_SHOWN]]
     count = len(shown) if len(shown) < CHILDREN_SHOWN else RunState.objects.children_of(run.run_id).count()

@@ -46,7 +46,10 @@ def child_run_id(parent: str, step: str, key: Any) -> str:
         raise InvalidInput(
             f"the child run_id {run_id[:60]!r}... would be {len(run_id)} characters long; a run_id holds at most "
             f"{RUN_ID_LIMIT} (the parent's id and the step's name take {len(parent) + len(step) + 2}): use a "
-            f"shorter key", run_id=run_id[:RUN_ID_LIMIT], step=step)
+            f"shorter key",
+            run_id=run_id[:RUN_ID_LIMIT],
+            step=step,
+        )
     return run_id
 
 
@@ -58,23 +61,25 @@ def _asked(parent: str, step: str, workflow: Workflow | str, input: Any, key: An
         stored = json.loads(store.to_json(input, what="the child run's input"))
     except ResultNotJSON as exc:
         raise InvalidInput(str(exc)) from None
-    return store.NewChild(run_id=child_run_id(parent, step, key), workflow=flow.name, plan=flow.as_plan(),
-                          input=stored)
+    return store.NewChild(run_id=child_run_id(parent, step, key), workflow=flow.name, plan=flow.as_plan(), input=stored)
 
 
-def start(lease: store.Lease, step: str, workflow: Workflow | str, input: Any, *, key: Any,
-          clock: Clock = store.DATABASE) -> str:
+def start(
+    lease: store.Lease, step: str, workflow: Workflow | str, input: Any, *, key: Any, clock: Clock = store.DATABASE
+) -> str:
     """Start (or find again) the child `key` of `step` of the run `lease` holds, in a commit of its own; return
     its run_id. For a step that is not re_executable: its attempt may be settled by a lookup or a person without
     running again, so what it started must be in the record at once."""
     child = _asked(lease.run_id, step, workflow, input, key)
-    store.start_child(lease, run_id=child.run_id, workflow=child.workflow, plan=child.plan, input=child.input,
-                      clock=clock)
+    store.start_child(
+        lease, run_id=child.run_id, workflow=child.workflow, plan=child.plan, input=child.input, clock=clock
+    )
     return child.run_id
 
 
-def ask(parent: str, step: str, workflow: Workflow | str, input: Any, *, key: Any,
-        asked: dict[str, store.NewChild]) -> str:
+def ask(
+    parent: str, step: str, workflow: Workflow | str, input: Any, *, key: Any, asked: dict[str, store.NewChild]
+) -> str:
     """Ask for the child `key` of `step` of run `parent`, to be recorded with the step's result (store.
     record_result, in the same commit): for a re_executable step, which runs again whenever its result is not
     recorded, so its children exist exactly when its result does (100 children: one commit, not 100). A child in
@@ -84,8 +89,11 @@ def ask(parent: str, step: str, workflow: Workflow | str, input: Any, *, key: An
     earlier = asked.get(child.run_id)
     if earlier is not None:
         if (earlier.workflow, earlier.input) != (child.workflow, child.input):
-            raise InvalidInput(f"child run {child.run_id} was asked for with another workflow or input "
-                               f"({earlier.workflow}): a key names one child", run_id=child.run_id)
+            raise InvalidInput(
+                f"child run {child.run_id} was asked for with another workflow or input "
+                f"({earlier.workflow}): a key names one child",
+                run_id=child.run_id,
+            )
         return child.run_id
     if not store.child_exists(child, parent=parent):
         asked[child.run_id] = child
@@ -102,10 +110,12 @@ def with_results(children: tuple[Child, ...]) -> tuple[Child, ...]:
     """The children with their results by step: each step's latest completed attempt (releases left out), read
     in one query."""
     results: dict[str, dict[str, Any]] = defaultdict(dict)
-    rows = (RunStep.objects.filter(run_id__in=[c.run_id for c in children], status=StepStatus.COMPLETED)
-            .order_by("run_id", "attempt").values_list("run_id", "step", "result"))
+    rows = (
+        RunStep.objects.filter(run_id__in=[c.run_id for c in children], status=StepStatus.COMPLETED)
+        .order_by("run_id", "attempt")
+        .values_list("run_id", "step", "result")
+    )
     for run_id, step, result in rows:
         if not step.endswith(RELEASE_SUFFIX):
             results[run_id][step] = result
-    return tuple(Child(run_id=c.run_id, status=c.status, reason=c.reason, results=results[c.run_id])
-                 for c in children)
+    return tuple(Child(run_id=c.run_id, status=c.status, reason=c.reason, results=results[c.run_id]) for c in children)

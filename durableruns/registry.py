@@ -67,8 +67,9 @@ class Step:
 
     # Asked once when the run reaches the step: False records it skipped (durableruns.waits).
     when: WhenFn | None = None
-    # A step that waits (a sleep, a wait for an event, an approval, a join) instead of acting; a sleep's time is asked of
-    # `sleep_for` (a timedelta or a function of ctx returning one) or `sleep_until` (a function returning a time).
+    # A step that waits (a sleep, a wait for an event, an approval, a join) instead of acting; a sleep's time is
+    # asked of `sleep_for` (a timedelta or a function of ctx returning one) or `sleep_until` (a function returning
+    # a time).
     wait: Wait | None = None
     sleep_for: timedelta | Callable[[StepContext], timedelta] | None = None
     sleep_until: Callable[[StepContext], Any] | None = None

@@ -276,26 +276,40 @@ def _join(wait: Wait, step: str, facts: Facts) -> Next:
             first = failed[0]
             why = f": {first.reason}" if first.reason else ""
             more = f" (and {len(failed) - 1} more child run(s) did not complete)" if len(failed) > 1 else ""
-            return Next(fresh=begun is None, move=Move.FAIL,
-                        reason=f"{step}: child run {first.run_id} {first.status}{why}{more}")
-        return Next(fresh=begun is None, move=Move.COMPLETE, result=join_result(children), resolution="children",
-                    reason=f"{step}: {len(children)} child run(s) ended")
+            return Next(
+                fresh=begun is None,
+                move=Move.FAIL,
+                reason=f"{step}: child run {first.run_id} {first.status}{why}{more}",
+            )
+        return Next(
+            fresh=begun is None,
+            move=Move.COMPLETE,
+            result=join_result(children),
+            resolution="children",
+            reason=f"{step}: {len(children)} child run(s) ended",
+        )
     recheck = facts.now + JOIN_RECHECK
     if begun is None:
         deadline = facts.now + wait.timeout if wait.timeout is not None else None
-        return Next(fresh=True, move=Move.BEGIN, until=min(deadline, recheck) if deadline else recheck,
-                    detail={"until": iso(deadline) if deadline else None, "kind": wait.kind.value},
-                    reason=f"{step}: waiting for {len(waiting)} child run(s)")
+        return Next(
+            fresh=True,
+            move=Move.BEGIN,
+            until=min(deadline, recheck) if deadline else recheck,
+            detail={"until": iso(deadline) if deadline else None, "kind": wait.kind.value},
+            reason=f"{step}: waiting for {len(waiting)} child run(s)",
+        )
     until = recorded_until(begun)
     if until is not None and facts.now >= until:
         names = ", ".join(c.run_id for c in waiting[:3]) + (" ..." if len(waiting) > 3 else "")
-        reason = (f"{step}: {len(waiting)} child run(s) unfinished ({names}) when the join timed out at "
-                  f"{iso(until)}")
+        reason = f"{step}: {len(waiting)} child run(s) unfinished ({names}) when the join timed out at {iso(until)}"
         if wait.on_timeout is OnTimeout.CONTINUE:
             return Next(move=Move.COMPLETE, result=join_result(children), resolution="timeout", reason=reason)
         return Next(move=Move.FAIL, reason=reason)
-    return Next(move=Move.WAIT, until=min(until, recheck) if until else recheck,
-                reason=f"{step}: waiting for {len(waiting)} child run(s)")
+    return Next(
+        move=Move.WAIT,
+        until=min(until, recheck) if until else recheck,
+        reason=f"{step}: waiting for {len(waiting)} child run(s)",
+    )
 
 
 def replace_event(facts: Facts) -> Facts:

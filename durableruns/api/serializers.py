@@ -366,8 +366,9 @@ class PlanStepSerializer(serializers.Serializer):
 
 class WaitingSerializer(serializers.Serializer):
     step = serializers.CharField()
-    kind = serializers.ChoiceField(choices=[("sleep", "sleep"), ("wait_for", "wait_for"), ("approval", "approval"),
-                                            ("join", "join")])
+    kind = serializers.ChoiceField(
+        choices=[("sleep", "sleep"), ("wait_for", "wait_for"), ("approval", "approval"), ("join", "join")]
+    )
     since = serializers.DateTimeField(allow_null=True, help_text="When the wait began (the database's clock).")
     until = serializers.DateTimeField(allow_null=True, help_text="Its wake time or deadline; null: none.")
     event = serializers.CharField(allow_blank=True, help_text="wait_for: the event's name.")

@@ -101,7 +101,8 @@ def test_a_failed_child_fails_the_parent_or_shows_in_its_results(far: FarSystems
 
 
 def test_an_escalated_child_holds_the_join_until_staff_decide_it(far: FarSystems) -> None:
-    run_id = durableruns.start("shipping", warehouses("north", "south", each={"south": {"doubt": True}}), run_id="ship-doubt")
+    run_id = durableruns.start("shipping", warehouses("north", "south", each={"south": {"doubt": True}}),
+                               run_id="ship-doubt")
     services.resume_due()
     south = child_run_id(run_id, "book_warehouses", "south")
     assert kids(run_id)[south] == RunStatus.NEEDS_DECISION

@@ -255,7 +255,8 @@ def test_a_begun_join_records_its_deadline_not_its_recheck():
 
 
 def test_a_join_result_maps_each_child_to_its_status_and_results_and_a_failure_names_the_child():
-    done = next_move(JOIN_CONTINUE, "bookings", Facts(now=T0, attempt=begun(None), children=kids("completed", "failed")))
+    done = next_move(JOIN_CONTINUE, "bookings",
+                     Facts(now=T0, attempt=begun(None), children=kids("completed", "failed")))
     assert done.result == {"p/s/0": {"status": "completed", "results": {"a": 0}},
                            "p/s/1": {"status": "failed", "results": {"a": 1}}}
     assert done.resolution == "children"
