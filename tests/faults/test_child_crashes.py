@@ -1,6 +1,7 @@
 """Child runs under SIGKILL: a real worker killed around ctx.start_run (before any child, between two children,
-after the last one with the step's result not committed) and around the join's completion, then resumed by
-other workers (staff settle a child's confirmation that was in flight in a killed worker's other thread).
+after the last one with the step's result, which records them, not committed) and around the join's completion,
+then resumed by other workers (staff settle a child's confirmation that was in flight in a killed worker's
+other thread).
 
 Every child exists once, under its derived run_id; each join completes once; the carrier books once per child
 (its ledger does not deduplicate, so a doubled child or booking shows).
@@ -24,8 +25,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pyt
 
 POINTS = (
     ("book_warehouses", "after_intent"),  # the step about to start its children: none exists
-    ("book_warehouses", "started:1"),  # one child recorded, two not yet
-    ("book_warehouses", "after_return"),  # every child recorded, the step's result not
+    ("book_warehouses", "started:1"),  # one child asked for (a re_executable step's: recorded with its result)
+    ("book_warehouses", "after_return"),  # every child asked for, the step's result (and they) not committed
     ("bookings", "before_complete"),  # every child ended, the join's completion not committed
     ("bookings", "after_complete"),  # the join completed, the next step not begun
 )
