@@ -134,3 +134,23 @@ wait_event.step(policy="re_executable")(_noop_step("after_event"))
 sleep_then = Workflow("bench_sleep_then")
 sleep_then.sleep("nap", lambda ctx: timedelta(milliseconds=float(ctx.input["ms"])))
 sleep_then.step(policy="re_executable")(_noop_step("after_nap"))
+
+# Child runs (bench/children.py): a parent starts `children` child runs of one no-op step each, joins them, and
+# counts what the join returned.
+child_noop = Workflow("bench_child")
+child_noop.step(policy="re_executable")(_noop_step("child_step"))
+
+parent_fan = Workflow("bench_parent")
+
+
+@parent_fan.step(policy="re_executable")
+def start_children(ctx: Any) -> dict[str, Any]:
+    return {"started": len([ctx.start_run(child_noop, {"n": n}, key=n) for n in range(int(ctx.input["children"]))])}
+
+
+parent_fan.join("children")
+
+
+@parent_fan.step(policy="re_executable")
+def count_children(ctx: Any) -> dict[str, Any]:
+    return {"completed": sum(c["status"] == "completed" for c in ctx.results["children"].values())}

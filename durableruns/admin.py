@@ -213,6 +213,29 @@ def _run_url(run_id: str) -> str:
     return reverse("admin:durableruns_runstate_change", args=[quote(run_id)])
 
 
+# The run page lists at most this many child runs (and says how many there are).
+CHILDREN_SHOWN = 200
+
+
+def family(run: RunState) -> dict[str, Any]:
+    """The run that started `run` and the child runs it started, each linked with its status badge: two index
+    reads (the primary key, and the parent index)."""
+    parent = None
+    if run.parent_id is not None:
+        found = RunState.objects.filter(pk=run.parent_id).values("run_id", "workflow", "status").first()
+        parent = (_relative(found) if found else
+                  {"run_id": run.parent_id, "workflow": "", "url": "", "status": "deleted"})
+    children = RunState.objects.children_of(run.run_id).values("run_id", "workflow", "status")
+    shown = [_relative(row) for row in children[:CHILDREN_SHOWN]]
+    count = len(shown) if len(shown) < CHILDREN_SHOWN else RunState.objects.children_of(run.run_id).count()
+    return {"parent": parent, "children": shown, "children_count": count}
+
+
+def _relative(row: dict[str, Any]) -> dict[str, Any]:
+    return {"run_id": row["run_id"], "workflow": row["workflow"], "url": _run_url(row["run_id"]),
+            "status": status_badge(row["status"])}
+
+
 def _escalation_url(escalation_id: int) -> str:
     return reverse("admin:durableruns_escalation_change", args=[escalation_id])
 
@@ -627,6 +650,7 @@ class RunStateAdmin(ReadOnlyRecord):
             "events": [{"sent_at": e.sent_at, "event": e.event, "key": e.key, "json": pretty_json(e.payload),
                         "consumed_at": e.consumed_at, "consumed_step": e.consumed_step,
                         "consumed_attempt": e.consumed_attempt} for e in run.events.order_by("sent_at", "id")],
+            **family(run),
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
             # Staff who may not decide still read an escalation: the link says "read it", not "decide it".

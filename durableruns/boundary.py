@@ -19,7 +19,7 @@ class Zone(enum.StrEnum):
     DONE = "done"
     IN_DOUBT = "in_doubt"
     FAILED = "failed"
-    WAITING = "waiting"  # a wait step begun: a sleep, a wait for an event, an approval (durableruns.waits)
+    WAITING = "waiting"  # a wait step begun: a sleep, a wait for an event, an approval, a join (durableruns.waits)
     NOT_STARTED = "not_started"
 
 
@@ -164,7 +164,7 @@ def _waiting(step: str, kind: str, attempt: StepAttempt, tz: tzinfo | None) -> s
     day = "%Y-%m-%d %H:%M"
     if kind == "sleep":
         return f"{step} sleeping until {_clock(until, tz, day)}" if until else f"{step} sleeping"
-    what = f"approval {step}" if kind == "approval" else step
+    what = {"approval": f"approval {step}", "join": f"its child runs at {step}"}.get(kind, step)
     since = f" since {_clock(attempt.started_at, tz)}" if attempt.started_at else ""
     if until is None:
         return f"waiting for {what}{since}"

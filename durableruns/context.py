@@ -1,5 +1,5 @@
-"""What a step sees: its run's input and earlier results, its effect key, a loop that checkpoints itself, and a
-map that runs items on threads and checkpoints the results of those that finished.
+"""What a step sees: its run's input and earlier results, its effect key, a loop that checkpoints itself, a
+map that runs items on threads and checkpoints the results of those that finished, and child runs it starts.
 
 The loop cursor and `progress` are committed together every `every` items, so a new attempt of the step
 continues from the last checkpoint and redoes at most `every` items. `map` keeps the results it has collected
@@ -25,6 +25,7 @@ from durableruns.store import to_json
 T = TypeVar("T")
 R = TypeVar("R")
 Checkpoint = Callable[[int, dict[str, Any]], None]
+StartChild = Callable[[Any, Any, Any], str]  # (workflow or its name, input, key) -> run_id
 
 # Where map results live inside the attempt's progress: {"<nth map of the step>": {"<item index>": result}}.
 MAP_KEY = "durableruns.map"
@@ -46,6 +47,7 @@ class StepContext:
         progress: dict[str, Any] | None = None,
         loop_start: int = 0,
         checkpoint: Checkpoint | None = None,
+        start_child: StartChild | None = None,
     ) -> None:
         self.run_id = run_id
         self.step = step
@@ -63,9 +65,25 @@ class StepContext:
         self._loop_cursor = loop_start  # the loop position as last committed
         self._checkpoint = checkpoint
         self._looped = False
+        self._start_child = start_child
+        self._thread = threading.get_ident()  # the engine's thread: the only one that writes the record
 
     def __repr__(self) -> str:
         return f"<StepContext {self.run_id}/{self.step}#{self.attempt}>"
+
+    def start_run(self, workflow: Any, input: Any, *, key: Any) -> str:
+        """Start a child run of `workflow` (a Workflow or its name) with `input`; return its run_id.
+
+        The run_id is derived from this run, this step and `key` ("<run_id>/<step>/<key>"), and the child is
+        recorded at once, in its own commit, with this run as its parent: a step run again after a crash gets
+        the same child back (same key and input), never a second one; the same key with another input raises
+        InvalidInput. A join step later waits until every child ended. Only the step's own thread may start
+        children (not ctx.map's threads: they hold nothing of the run's)."""
+        if self._start_child is None:
+            raise DeclarationError(f"{self.step}: start_run is for a step's call, not a lookup or a when=")
+        if threading.get_ident() != self._thread:
+            raise DeclarationError(f"{self.step}: start_run from ctx.map's threads: start children from the step")
+        return self._start_child(workflow, input, key)
 
     def loop(self, items: Sequence[T], every: int = 25) -> Iterator[T]:
         """Yield `items` from the last checkpoint on, committing the index and `progress` every `every` items."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from durableruns import conf, plans, signals, store, testing, waits
+from durableruns import children, conf, plans, signals, store, testing, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
@@ -111,6 +111,8 @@ class _Pass:
     # Per step, since its floor: [observed failures, ends in doubt], from the record, then counted in the pass.
     _tally: dict[str, list[int]] = field(default_factory=dict)
     attempts: list[StepAttempt] = field(default_factory=list)
+    # The child runs the attempt in hand asked for, recorded with its result (a re_executable step's).
+    children: dict[str, store.NewChild] = field(default_factory=dict)
 
     def tally(self, step: str) -> list[int]:
         """[failures, crashes] of `step` since staff last gave it a fresh count; the pass adds to it in place."""
@@ -425,15 +427,21 @@ class Engine:
             if escalation is not None:
                 verdict = getattr(escalation, "decision", None)
                 staff, escalation_open = (verdict.action, False) if verdict else ("", True)
+        kids: tuple[waits.Child, ...] = ()
+        if wait.kind is waits.Kind.JOIN:  # the children's results are read only when the join settles
+            kids = children.children_of(state.run_id)
+            if waits.join_settles(wait, begun, kids, now):
+                kids = children.with_results(kids)
         move = waits.next_move(wait, step.name, waits.Facts(
             now=now, attempt=begun, asked=asked, staff=staff, escalation_open=escalation_open, decision=decision,
-            event=waits.Event(id=event[0], payload=event[1]) if event else None))
+            event=waits.Event(id=event[0], payload=event[1]) if event else None, children=kids))
         attempt = self._next_attempt(state, step) if move.fresh or begun is None else begun.attempt
         key = effect_key(state.run_id, step.name)
         kind = waits.Move
         if move.move in (kind.BEGIN, kind.WAIT):
             store.wait(lease, step=step.name, attempt=attempt, until=move.until, reason=move.reason,
-                       event=wait.event, approval=wait.kind is waits.Kind.APPROVAL, cursor=index, effect_key=key,
+                       event=wait.event, approval=wait.kind is waits.Kind.APPROVAL,
+                       join=wait.kind is waits.Kind.JOIN, cursor=index, effect_key=key,
                        detail=dict(move.detail or {}) if move.move is kind.BEGIN else None, clock=self.clock)
             raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.WAITING, detail=move.reason,
                                    steps_run=state.steps_run))
@@ -487,8 +495,9 @@ class Engine:
             last = index + 1 == len(plan)
             store.record_result(lease, step=step.name, attempt=intent.attempt, result=result, cursor=index + 1,
                                 clock=self.clock, intent_recorded=recorded, effect_key=intent.effect_key,
-                                next_intent=next_intent, finish=last,
-                                encoded=encoded)  # commit 2, the last thing the step does
+                                next_intent=next_intent, finish=last, encoded=encoded,
+                                children=list(state.children.values()))  # commit 2, the last thing the step does
+            state.children = {}
             state.finished = last
             # Later steps see the result as recorded (JSON's keys are strings, its arrays lists), exactly as they
             # would after a resume: a pass that ran live and one that resumed must not see different values.
@@ -509,11 +518,19 @@ class Engine:
                              progress=progress, clock=self.clock)
             state.loop_cursor, state.progress = loop_cursor, copy.deepcopy(progress)  # as committed
 
+        state.children = {}  # what this attempt asks for; a raise drops it (a new attempt asks again)
+
+        def start_child(workflow: Workflow | str, input: Any, key: Any) -> str:
+            if step.policy is Policy.RE_EXECUTABLE:  # recorded with the step's result (durableruns.children)
+                return children.ask(state.run_id, step.name, workflow, input, key=key, asked=state.children)
+            return children.start(lease, step.name, workflow, input, key=key, clock=self.clock)
+
         ctx = StepContext(
             run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
             effect_key=intent.effect_key, attempt=intent.attempt,
             timeout=step_timeout(step),
             progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
+            start_child=start_child,
         )
         ensure_autocommit()
         with _traced_call(state, step, intent.attempt):

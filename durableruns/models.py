@@ -40,6 +40,7 @@ class Resolution(models.TextChoices):
     EVENT = "event", "an event sent to the run"
     TIMER = "timer", "its wake time came"
     TIMEOUT = "timeout", "timed out, and went on"
+    CHILDREN = "children", "its child runs ended"
 
 
 class RunState(models.Model):
@@ -76,6 +77,10 @@ class RunState(models.Model):
         max_length=200, null=True, blank=True,
         help_text="The key the run counts under for its workflow's concurrency limit, recorded at start: empty for "
                   "a limit on the whole workflow, NULL when its workflow had no limit then.")
+    parent_id = models.CharField(
+        max_length=200, null=True, blank=True,
+        help_text="The run that started this one as a child (ctx.start_run), recorded in the commit that created "
+                  "it; NULL for a run started otherwise. A join of the parent waits until its children end.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     alerted_at = models.DateTimeField(
@@ -128,6 +133,9 @@ class RunState(models.Model):
             models.Index(fields=["workflow", "concurrency_key", "-priority", "created_at"],
                          name="run_state_limit_parked_idx",
                          condition=Q(status="waiting", concurrency_key__isnull=False, reason=PARKED)),
+            # A run's children (a join reads their statuses, a cancel finds them, a child's end its siblings): only
+            # children are indexed, so runs started otherwise cost the index nothing.
+            models.Index(fields=["parent_id"], name="run_state_parent_idx", condition=Q(parent_id__isnull=False)),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),

@@ -262,7 +262,7 @@ WITH fence AS (
    WHERE run_id = %(run)s AND epoch = %(epoch)s
      AND EXISTS (SELECT 1 FROM run_step
                   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
-  RETURNING run_id),
+  RETURNING {returning}),
 done AS (
   UPDATE run_step SET status = 'completed', result = %(result)s::jsonb, finished_at = now() + %(shift)s,
          resolution = %(resolution)s
@@ -272,10 +272,27 @@ done AS (
 """
 _STILL_RUNNING = "lease_expires_at = now() + %(shift)s + %(lease)s"
 _FINISHED = "status = 'completed', lease_expires_at = NULL, wake_at = NULL, reason = ''"
+# A run's last result also wakes its parent's join (a child run's: durableruns.children), in the same commit, when
+# its parent waits and no other child of it may still move as this statement sees them; a statement that saw one
+# returns the parent's id, and store.record_result asks once more after the commit (store._wake_parent_after).
+# For a run without a parent the wake matches nothing (fence.parent_id is NULL).
+_WAKE_PARENT = """
+, woke AS (
+  UPDATE run_state p SET wake_at = now() + %(shift)s
+    FROM fence f
+   WHERE p.run_id = f.parent_id AND p.status = 'waiting'
+     AND NOT EXISTS (SELECT 1 FROM run_state c
+                      WHERE c.parent_id = f.parent_id AND c.run_id <> f.run_id
+                        AND c.status IN ('pending', 'running', 'waiting', 'needs_decision'))
+  RETURNING p.run_id)
+SELECT f.parent_id, (SELECT count(*) FROM woke),
+       (SELECT count(pg_notify('""" + WAKE_CHANNEL + """', '')) FROM woke)
+  FROM fence f
+"""
 _RECORD_RESULT = {
-    (False, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + "SELECT 1 FROM fence",
-    (False, True): _RESULT_HEAD.format(state=_FINISHED) + "SELECT 1 FROM fence",
-    (True, False): _RESULT_HEAD.format(state=_STILL_RUNNING) + ", intent AS (" + _INTENT_ROW
+    (False, False): _RESULT_HEAD.format(state=_STILL_RUNNING, returning="run_id") + "SELECT 1 FROM fence",
+    (False, True): _RESULT_HEAD.format(state=_FINISHED, returning="run_id, parent_id") + _WAKE_PARENT,
+    (True, False): _RESULT_HEAD.format(state=_STILL_RUNNING, returning="run_id") + ", intent AS (" + _INTENT_ROW
     + " RETURNING 1) SELECT 1 FROM fence",
 }
 
@@ -586,9 +603,10 @@ def record_intent(*, run: str, epoch: int, owner: str, times: Times, cursor: int
 
 def record_result(*, run: str, epoch: int, owner: str, times: Times, cursor: int, step: str, attempt: int,
                   result: str, resolution: str, finish: bool, intent: dict[str, Any] | None,
-                  standby: str | None = None) -> bool:
+                  standby: str | None = None) -> bool | str:
     """Complete the started attempt, move the cursor, and either add the next intent or finish the run; with
-    `standby`, the commit (the next intent's) waits for the standby."""
+    `standby`, the commit (the next intent's) waits for the standby. False if fenced out. A child run's last
+    result: its parent's id if the parent is to be asked about once more after the commit (_WAKE_PARENT)."""
     params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, "step": step, "attempt": attempt,
               "result": result, "resolution": resolution, **times}
     if intent is not None:
@@ -596,7 +614,12 @@ def record_result(*, run: str, epoch: int, owner: str, times: Times, cursor: int
     sql = _RECORD_RESULT[(intent is not None, finish)]
     if standby is not None:
         return _waiting_for_standby(sql, params, standby)[0] is not None
-    return _one(sql, params) is not None
+    row = _one(sql, params)
+    if row is None:
+        return False
+    if finish and row[0] is not None and not row[1]:  # a child that saw a sibling still moving
+        return str(row[0])
+    return True
 
 
 def _waiting_for_standby(sql: str, params: dict[str, Any], level: str) -> tuple[Any, int]:

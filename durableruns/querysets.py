@@ -58,6 +58,10 @@ class RunStateQuerySet(models.QuerySet):
         """Runs that may still move: active, or stopped for staff."""
         return self.filter(status__in=RunPlanQuerySet.UNFINISHED)
 
+    def children_of(self, run_id: str) -> RunStateQuerySet:
+        """The child runs `run_id` started (ctx.start_run), in run_id order, through the parent index."""
+        return self.filter(parent_id=run_id).order_by("run_id")
+
     def needing(self, step: str) -> RunStateQuerySet:
         """Runs that have not completed `step`."""
         attempts = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager

@@ -18,7 +18,7 @@ from durableruns.errors import DeclarationError, Rejected, UnknownWorkflow
 from durableruns.holdings import Acquisition, release_step
 from durableruns.plans import Plan, PlanSteps, fingerprint_of
 from durableruns.policies import Policy
-from durableruns.waits import Kind, OnReject, OnTimeout, Wait
+from durableruns.waits import Kind, OnChildFailure, OnReject, OnTimeout, Wait
 
 if TYPE_CHECKING:
     from durableruns.context import StepContext
@@ -67,8 +67,9 @@ class Step:
 
     # Asked once when the run reaches the step: False records it skipped (durableruns.waits).
     when: WhenFn | None = None
-    # A step that waits (a sleep, a wait for an event, an approval) instead of acting; a sleep's time is asked of
-    # `sleep_for` (a timedelta or a function of ctx returning one) or `sleep_until` (a function returning a time).
+    # A step that waits (a sleep, a wait for an event, an approval, a join) instead of acting; a sleep's time is
+    # asked of `sleep_for` (a timedelta or a function of ctx returning one) or `sleep_until` (a function returning
+    # a time).
     wait: Wait | None = None
     sleep_for: timedelta | Callable[[StepContext], timedelta] | None = None
     sleep_until: Callable[[StepContext], Any] | None = None
@@ -300,6 +301,26 @@ class Workflow:
         wait = Wait(kind=Kind.APPROVAL, timeout=timeout, on_timeout=timing_out, on_reject=rejecting)
         self._add(Step(name=_wait_name(self.name, name), fn=_waits(name, doc), policy=Policy.RE_EXECUTABLE,
                        intent=False, when=when, wait=wait))
+
+    def join(self, name: str, *, timeout: timedelta | None = None, on_timeout: str = "fail",
+             on_child_failure: str = "fail") -> None:
+        """Declare a step that waits, holding no worker, until every child run this run started (ctx.start_run)
+        has ended. ctx.results[name] maps each child's run_id to {"status": ..., "results": {step: result}}.
+        `on_child_failure`: "fail" (the run fails, its reason naming the child) or "continue". After `timeout`
+        (from when the join began, on the database's clock) `on_timeout` says: "fail" the run, or "continue"
+        with the children as they stand. A child stopped for staff holds the join until it is decided."""
+        timing_out = _choice(self.name, name, "on_timeout", on_timeout, OnTimeout)
+        if timing_out is OnTimeout.ESCALATE:
+            raise DeclarationError(f"{self.name}.{name}: a join's on_timeout is fail or continue (staff act on "
+                                   f"the child runs themselves)")
+        failing = _choice(self.name, name, "on_child_failure", on_child_failure, OnChildFailure)
+        if timeout is not None:
+            _positive(self.name, name, "timeout", timeout)
+        elif timing_out is not OnTimeout.FAIL:
+            raise DeclarationError(f"{self.name}.{name}: on_timeout={on_timeout!r} needs a timeout=")
+        wait = Wait(kind=Kind.JOIN, timeout=timeout, on_timeout=timing_out, on_child_failure=failing)
+        self._add(Step(name=_wait_name(self.name, name), fn=_waits(name), policy=Policy.RE_EXECUTABLE,
+                       intent=False, wait=wait))
 
     @property
     def plan(self) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DataError, IntegrityError, connections, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone as django_timezone
 
 from durableruns import conf, pgsql, signals
@@ -30,6 +30,7 @@ from durableruns.errors import (
     ApprovalNotFound,
     DuplicateRun,
     FencedOut,
+    InvalidInput,
     ResultNotJSON,
     RunNotActionable,
     RunNotFound,
@@ -634,15 +635,16 @@ def record_result(
     next_intent: Intent | None = None,
     finish: bool = False,
     encoded: str | None = None,
+    children: list[NewChild] | None = None,
 ) -> None:
     """Commit 2: the step's result and the moved cursor, and in the same commit either the next step's intent
-    or, with `finish`, the run's completion.
+    or, with `finish`, the run's completion; and the child runs the step asked for (`children`), if any.
 
     Sharing the commit is safe: the next step has not acted yet, and its intent is still durable before it does.
     """
     encoded = to_json(result, what=f"the result of {step}") if encoded is None else encoded
     level = _standby_level(next_intent)
-    if intent_recorded and _fast():
+    if intent_recorded and not children and _fast():
         recorded = pgsql.record_result(
             run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
             cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
@@ -652,6 +654,8 @@ def record_result(
         if not recorded:
             raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
                             run_id=lease.run_id, epoch=lease.epoch)
+        if isinstance(recorded, str):  # a child's end that saw a sibling still moving: ask once more, now
+            _wake_parent_after(recorded, clock)
         if finish and next_intent is None:  # signals
             signals.run_finished(lease.run_id, RunStatus.COMPLETED)
         return
@@ -676,6 +680,12 @@ def record_result(
             )
         if next_intent is not None:
             _insert_intent(lease, next_intent, clock)
+        elif finish:
+            _wake_parent(lease.run_id, clock)
+        if children:
+            _record_children(lease, children, clock)
+    for child in children or ():  # signals
+        signals.send_on_commit(signals.run_started, RunState, run_id=child.run_id, workflow=child.workflow)
     if finish and next_intent is None:  # signals
         signals.run_finished(lease.run_id, RunStatus.COMPLETED)
 
@@ -748,6 +758,8 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
         if status in (RunStatus.PENDING, RunStatus.WAITING):  # due now, or at a time idle workers must learn
             _wake_workers()
+        elif status in ENDED:
+            _wake_parent(lease.run_id, clock)
     signals.run_finished(lease.run_id, status, reason=storable(reason))  # signals: completed, failed, cancelled
 
 
@@ -798,6 +810,8 @@ def end(lease: Lease, *, clock: Clock = DATABASE, status: str | None = None, rea
             updated_at=clock.expression())
         if status == RunStatus.PENDING:
             _wake_workers()
+        elif status in ENDED:
+            _wake_parent(lease.run_id, clock)
     if status == RunStatus.FAILED:  # a cancellation was announced at the staff act that asked for it
         signals.run_finished(lease.run_id, status, reason=reason)
     return status
@@ -873,6 +887,8 @@ def record_decision(
             RunState.objects.filter(pk=escalation.run_id).update(**run_fields)
             if run_fields["status"] == RunStatus.PENDING:
                 _wake_workers()
+            elif run_fields["status"] in ENDED:
+                _wake_parent(escalation.run_id, clock)
             return decision
     except IntegrityError:
         first = Intervention.objects.select_related(None).get(escalation_id=escalation_id)
@@ -903,10 +919,17 @@ def record_staff_action(
     A cancel also closes the run's open escalation, if any, so the queue does not keep asking about a run
     nobody will resume. Locks are taken escalation first, then run, the order record_decision uses.
     """
+    cancelled: list[str] = []
     with transaction.atomic(using=conf.database(), durable=True):
         now = clock.now()
         pending = None
         if action == Intervention.Action.CANCEL:
+            # Its unfinished descendants first, the deepest first: a child's row is locked before its parent's,
+            # the order a child's own end takes them (_wake_parent, for the last child), so they never deadlock.
+            for child in reversed(_descendants(run_id)):
+                if _cancel_child(child, ancestor=run_id, decided_by=decided_by, user_id=user_id, note=note,
+                                 now=now):
+                    cancelled.append(child)
             pending = (Escalation.objects.select_for_update(of=("self",))
                        .filter(run_id=run_id, decision__isnull=True).first())
         run = RunState.objects.select_for_update().filter(pk=run_id).first()
@@ -933,16 +956,58 @@ def record_staff_action(
         )
         if new_status == RunStatus.PENDING:
             _wake_workers()
+        elif new_status in ENDED and run_id not in cancelled:
+            _wake_parent(run_id, clock)
         fields: dict[str, Any] = {"run_id": run_id, "step": step, "attempt": attempt, "action": action,
                                   "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": note}
-        if pending is not None:
-            try:
-                with transaction.atomic(using=conf.database()):  # a decision may have won the escalation meanwhile
-                    return Intervention.objects.create(escalation=pending, **dict(
-                        fields, step=pending.step, attempt=pending.attempt))
-            except IntegrityError:
-                pass
-        return Intervention.objects.create(**fields)
+        act = _staff_act(fields, pending)
+    for child in cancelled:  # signals
+        signals.run_finished(child, RunStatus.CANCELLED, reason=f"cancel by {decided_by} with {run_id}: {note}",
+                             by=decided_by)
+    return act
+
+
+def _staff_act(fields: dict[str, Any], pending: Escalation | None) -> Intervention:
+    """Record a staff act on a run, closing its open escalation `pending` with it if a decision has not."""
+    if pending is not None:
+        try:
+            with transaction.atomic(using=conf.database()):  # a decision may have won the escalation meanwhile
+                return Intervention.objects.create(escalation=pending, **dict(
+                    fields, step=pending.step, attempt=pending.attempt))
+        except IntegrityError:
+            pass
+    return Intervention.objects.create(**fields)
+
+
+def _descendants(run_id: str) -> list[str]:
+    """The run's children, then their children, and so on: breadth first, by the parent index."""
+    found: list[str] = []
+    frontier = [run_id]
+    while frontier:
+        frontier = list(RunState.objects.filter(parent_id__in=frontier).order_by("run_id")
+                        .values_list("run_id", flat=True))
+        found.extend(frontier)
+    return found
+
+
+def _cancel_child(run_id: str, *, ancestor: str, decided_by: str, user_id: int | None, note: str,
+                  now: datetime) -> bool:
+    """Inside the cancel of `ancestor`: cancel its descendant `run_id` if it is unfinished, as a staff cancel of
+    it would (its open escalation closed, what it holds given back by a worker first, its worker fenced out by
+    the epoch bump); False if it had ended."""
+    pending = (Escalation.objects.select_for_update(of=("self",))
+               .filter(run_id=run_id, decision__isnull=True).first())
+    if RunState.objects.select_for_update().filter(pk=run_id).unfinished().values_list("pk", flat=True).first() is None:
+        return False
+    fields = _ending_fields(run_id, RunStatus.CANCELLED)
+    reason = f"cancel by {decided_by} with {ancestor}: {note}"
+    RunState.objects.filter(pk=run_id).update(epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None,
+                                              updated_at=now, reason=storable(reason), **fields)
+    if fields["status"] == RunStatus.PENDING:
+        _wake_workers()  # a worker gives back what it holds, then ends it cancelled
+    _staff_act({"run_id": run_id, "step": "", "attempt": None, "action": Intervention.Action.CANCEL,
+                "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": reason}, pending)
+    return True
 
 
 def adopt_plan(
@@ -1065,9 +1130,12 @@ def give_run_alert_mark_back(run_id: str, *, now: datetime, previous: datetime |
 # -- runs that wait (durableruns.waits): a wait is a started attempt, a status and a wake time ------------------
 
 
-def _came(run_id: str, *, event: str, approval: bool, step: str, attempt: int) -> bool:
+def _came(run_id: str, *, event: str, approval: bool, step: str, attempt: int, join: bool = False) -> bool:
     """Whether what the wait at `step` (attempt `attempt`) waits for is in the record already: an event of its
-    name not consumed (`event`), or a decision on the approval's attempt (`approval`)."""
+    name not consumed (`event`), a decision on the approval's attempt (`approval`), or, for a join, the end of
+    every child run."""
+    if join:
+        return not RunState.objects.filter(parent_id=run_id).unfinished().exists()
     if event:
         return RunEvent.objects.filter(run_id=run_id, event=event, consumed_at__isnull=True).exists()
     return approval and Intervention.objects.filter(run_id=run_id, step=step, attempt=attempt,
@@ -1078,16 +1146,16 @@ APPROVAL_ACTIONS = (Intervention.Action.APPROVE, Intervention.Action.REJECT)
 
 
 def wait(lease: Lease, *, step: str, attempt: int, until: datetime | None, reason: str, event: str = "",
-         approval: bool = False, cursor: int | None = None, effect_key: str = "", detail: dict[str, Any] | None = None,
-         clock: Clock = DATABASE) -> None:
+         approval: bool = False, join: bool = False, cursor: int | None = None, effect_key: str = "",
+         detail: dict[str, Any] | None = None, clock: Clock = DATABASE) -> None:
     """Hand the run back waiting at the wait `step` until `until` (None: until something is sent or decided),
     holding no lease; with `detail`, first begin the wait: its started attempt records what it waits for and
     until when, once. One commit.
 
     The run's row is updated first (on PostgreSQL its lock; on SQLite the write lock), then the record is read
     again: an event or decision that committed before is seen, and the run is due at once; one committing after
-    finds the run waiting and makes it due itself (record_event, record_approval). Nothing sent is left waiting
-    out the timeout."""
+    finds the run waiting and makes it due itself (record_event, record_approval, a child's end: _wake_parent).
+    Nothing sent is left waiting out the timeout."""
     fields: dict[str, Any] = {"status": RunStatus.WAITING, "wake_at": until, "lease_expires_at": None,
                               "reason": storable(reason), "updated_at": clock.expression()}
     if cursor is not None:
@@ -1099,7 +1167,7 @@ def wait(lease: Lease, *, step: str, attempt: int, until: datetime | None, reaso
             RunStep.objects.create(
                 run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED, effect_key=effect_key,
                 started_at=clock.expression(), owner=lease.owner, epoch=lease.epoch, progress=detail)
-        if _came(lease.run_id, event=event, approval=approval, step=step, attempt=attempt):
+        if _came(lease.run_id, event=event, approval=approval, step=step, attempt=attempt, join=join):
             RunState.objects.filter(pk=lease.run_id).update(wake_at=clock.expression())
         _wake_workers()  # idle workers learn the wake time (their timer), or take it now
 
@@ -1208,3 +1276,112 @@ def _already(first: Intervention) -> AlreadyDecided:
     return AlreadyDecided(
         f"already decided by {first.decided_by} at {first.decided_at:%Y-%m-%d %H:%M:%S}: {first.get_action_display()}",
         run_id=first.run_id, step=first.step, decided_by=first.decided_by, decided_at=first.decided_at)
+
+
+# -- child runs (durableruns.children): a run started by a step of another, and the wake of its parent's join -----
+
+UNFINISHED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewChild:
+    """A child run a step asked for (durableruns.children): what its row records."""
+
+    run_id: str
+    workflow: str
+    plan: Plan
+    input: dict[str, Any]
+    concurrency_key: str | None = None  # its workflow's limit key, asked of its input once, as start() asks it
+
+
+def child_exists(child: NewChild, *, parent: str) -> bool:
+    """Whether the child is in the record already (True), after comparing it with the one asked for: another
+    workflow, input or parent under its run_id is InvalidInput. False: it is not recorded yet."""
+    if not RunState.objects.filter(pk=child.run_id).exists():
+        return False
+    _same_child(child.run_id, parent=parent, workflow=child.workflow, input=child.input)
+    return True
+
+
+def _record_children(lease: Lease, children: list[NewChild], clock: Clock) -> None:
+    """Inside a step's result commit: insert the children it asked for, pending, their parent on them. A row
+    that is there already (ON CONFLICT DO NOTHING) was compared when the step asked for it."""
+    for plan in {c.plan.fingerprint: c.plan for c in children}.values():
+        record_plan(plan, clock=clock)
+    RunState.objects.bulk_create(
+        [RunState(run_id=c.run_id, workflow=c.workflow, plan_fingerprint=c.plan.fingerprint, input=c.input,
+                  status=RunStatus.PENDING, parent_id=lease.run_id, concurrency_key=c.concurrency_key,
+                  created_at=clock.expression(), updated_at=clock.expression()) for c in children],
+        ignore_conflicts=True)
+    _wake_workers()
+
+
+def start_child(lease: Lease, *, run_id: str, workflow: str, plan: Plan, input: dict[str, Any],
+                concurrency_key: str | None = None, clock: Clock = DATABASE) -> bool:
+    """Record the pending child run `run_id` of the run `lease` holds, its parent recorded on it, in one commit
+    fenced on the parent's epoch (a worker fenced out, the parent cancelled or taken over, starts nothing);
+    return True if created, False if that child exists already with the same workflow and input (a step run
+    again after a crash). Insert or compare: the primary key refuses a second child of that run_id, however
+    concurrent; the same run_id with another workflow, input or parent is InvalidInput."""
+    with transaction.atomic(using=conf.database(), durable=True):
+        _fence(lease, clock)
+        created = False
+        if not RunState.objects.filter(pk=run_id).exists():
+            record_plan(plan, clock=clock)
+            try:
+                with transaction.atomic(using=conf.database()):
+                    RunState.objects.create(
+                        run_id=run_id, workflow=workflow, plan_fingerprint=plan.fingerprint, input=input,
+                        status=RunStatus.PENDING, parent_id=lease.run_id, concurrency_key=concurrency_key,
+                        created_at=clock.expression(), updated_at=clock.expression())
+                created = True
+            except IntegrityError:  # a stale worker of the same parent made it first: compare with it
+                pass
+        if created:
+            _wake_workers()
+        else:
+            _same_child(run_id, parent=lease.run_id, workflow=workflow, input=input)
+    if created:
+        signals.send_on_commit(signals.run_started, RunState, run_id=run_id, workflow=workflow)  # signals
+    return created
+
+
+def _same_child(run_id: str, *, parent: str, workflow: str, input: dict[str, Any]) -> None:
+    row = RunState.objects.filter(pk=run_id).values_list("parent_id", "workflow", "input").get()
+    if row[0] != parent:
+        raise InvalidInput(f"run {run_id} exists already and is not a child of {parent}: choose another key",
+                           run_id=run_id)
+    if row[1] != workflow or _decoded(row[2]) != json.loads(to_json(input, what="the input")):
+        raise InvalidInput(f"child run {run_id} was started with another workflow or input ({row[1]}): a key "
+                           f"names one child; give another child another key", run_id=run_id)
+
+
+def _wake_parent(run_id: str, clock: Clock) -> None:
+    """Inside the commit that ends the child run `run_id`: make its parent due at once if it waits (at its join)
+    and no other child of it may still move, as this transaction sees them; idle workers are woken on commit.
+
+    Children of one parent end without locking the parent's row (their ends would queue on it, one commit
+    after another). Two last children ending together may each see the other still running, and neither wake
+    the parent here: so a child that saw a sibling unfinished asks once more, in one statement after its own
+    commit (_wake_parent_after). The last child to commit asks after every other child's end committed, and its
+    statement sees them all ended. Were it killed between its commit and that statement, the join's recheck
+    (waits.JOIN_RECHECK) finds its children ended from the record alone."""
+    parent = RunState.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
+    if parent is None:
+        return
+    if RunState.objects.filter(parent_id=parent).exclude(pk=run_id).unfinished().exists():
+        transaction.on_commit(functools.partial(_wake_parent_after, parent, clock), robust=True)
+        return
+    if RunState.objects.filter(pk=parent, status=RunStatus.WAITING).update(wake_at=clock.expression()):
+        _wake_workers()
+
+
+def _wake_parent_after(parent: str, clock: Clock) -> None:
+    """After a child's end committed: one statement that makes the parent due if it waits and none of its
+    children may still move. Its snapshot is taken after that commit; if the parent's own wait holds its row,
+    the update waits for it and then finds it waiting."""
+    woke = RunState.objects.filter(pk=parent, status=RunStatus.WAITING).exclude(
+        Exists(RunState.objects.filter(parent_id=OuterRef("pk"), status__in=UNFINISHED))
+    ).update(wake_at=clock.expression())
+    if woke:
+        _wake_workers()

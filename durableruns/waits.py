@@ -1,4 +1,5 @@
-"""Steps that wait: a sleep, a wait for an event sent to the run, an approval by staff. Pure: no Django, no I/O.
+"""Steps that wait: a sleep, a wait for an event sent to the run, an approval by staff, a join of the child runs
+the run started. Pure: no Django, no I/O.
 
 A wait is an attempt row like any step's. Its beginning records, once and on the database's clock, what it waits
 for and until when (the attempt's `progress`: {"until": ..., "event": ...}); while it waits the run is `waiting`
@@ -24,6 +25,7 @@ class Kind(enum.StrEnum):
     SLEEP = "sleep"
     WAIT_FOR = "wait_for"
     APPROVAL = "approval"
+    JOIN = "join"
 
 
 KINDS = frozenset(k.value for k in Kind)
@@ -38,6 +40,20 @@ class OnTimeout(enum.StrEnum):
 class OnReject(enum.StrEnum):
     CANCEL = "cancel"  # the run ends cancelled, giving back what it holds
     CONTINUE = "continue"  # later steps see approved: False
+
+
+class OnChildFailure(enum.StrEnum):
+    FAIL = "fail"  # a child that failed or was cancelled fails the run, its reason naming the child
+    CONTINUE = "continue"  # the join completes; its result shows each child's status
+
+
+# A join waiting for its children is due again at least this often: a child's end makes it due at once
+# (store._wake_parent), and this recheck finds the children ended from the record alone should that wake be lost
+# (a worker killed between a child's end and its parent's wake). Its cost: one claim per waiting join this often.
+JOIN_RECHECK = timedelta(minutes=1)
+
+# A child run in one of these may still move (an escalated child holds the join until staff decide it).
+CHILD_OPEN = frozenset({"pending", "running", "waiting", "needs_decision"})
 
 
 class Move(enum.StrEnum):
@@ -59,6 +75,17 @@ class Wait:
     timeout: timedelta | None = None
     on_timeout: OnTimeout = OnTimeout.FAIL
     on_reject: OnReject = OnReject.CANCEL
+    on_child_failure: OnChildFailure = OnChildFailure.FAIL  # join
+
+
+@dataclass(frozen=True, kw_only=True)
+class Child:
+    """A child run as a join sees it: its status, and (once the join settles) its results by step."""
+
+    run_id: str
+    status: str
+    reason: str = ""
+    results: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +117,7 @@ class Facts:
     decision: Decision | None = None
     staff: str = ""  # the decision on an escalation of this attempt: happened | did_not_happen | abandon
     escalation_open: bool = False
+    children: tuple[Child, ...] = ()  # a join: every child run the run started, in run_id order
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +197,8 @@ def _timed_out(wait: Wait, step: str, attempt: StepAttempt, until: datetime) -> 
 
 def next_move(wait: Wait, step: str, facts: Facts) -> Next:
     """Say, from the record alone, the one thing to do about the wait step `step` now."""
+    if wait.kind is Kind.JOIN:
+        return _join(wait, step, facts)
     attempt = facts.attempt
     if attempt is None or attempt.status != "started":
         return _begin(wait, step, facts)
@@ -211,6 +241,75 @@ def next_move(wait: Wait, step: str, facts: Facts) -> Next:
     if until is not None and facts.now >= until:
         return _timed_out(wait, step, attempt, until)
     return Next(move=Move.WAIT, until=until, reason=f"{step}: waiting")
+
+
+def open_children(children: Sequence[Child]) -> tuple[Child, ...]:
+    """The children that may still move."""
+    return tuple(c for c in children if c.status in CHILD_OPEN)
+
+
+def join_settles(wait: Wait, attempt: StepAttempt | None, children: Sequence[Child], now: datetime) -> bool:
+    """Whether the join completes or fails now (every child ended, or its deadline passed): then, and only then,
+    the children's results are read for it."""
+    if not open_children(children):
+        return True
+    until = recorded_until(attempt) if attempt is not None and attempt.status == "started" else None
+    return until is not None and now >= until
+
+
+def join_result(children: Sequence[Child]) -> dict[str, Any]:
+    """ctx.results of a join: each child's run_id -> {"status": ..., "results": {step: result}}."""
+    return {c.run_id: {"status": c.status, "results": dict(c.results or {})} for c in children}
+
+
+def _join(wait: Wait, step: str, facts: Facts) -> Next:
+    """The join rule: wait while a child may still move; once none can, complete with every child's status and
+    results, or fail naming the first child that did not complete (on_child_failure="fail"). A deadline
+    (timeout=, from when the join began, on the database's clock) fails the run or completes with the children
+    as they stand (on_timeout="continue"), the unfinished ones with their status."""
+    begun = facts.attempt if facts.attempt is not None and facts.attempt.status == "started" else None
+    children = facts.children
+    waiting = open_children(children)
+    if not waiting:
+        failed = [c for c in children if c.status != "completed"]
+        if failed and wait.on_child_failure is OnChildFailure.FAIL:
+            first = failed[0]
+            why = f": {first.reason}" if first.reason else ""
+            more = f" (and {len(failed) - 1} more child run(s) did not complete)" if len(failed) > 1 else ""
+            return Next(
+                fresh=begun is None,
+                move=Move.FAIL,
+                reason=f"{step}: child run {first.run_id} {first.status}{why}{more}",
+            )
+        return Next(
+            fresh=begun is None,
+            move=Move.COMPLETE,
+            result=join_result(children),
+            resolution="children",
+            reason=f"{step}: {len(children)} child run(s) ended",
+        )
+    recheck = facts.now + JOIN_RECHECK
+    if begun is None:
+        deadline = facts.now + wait.timeout if wait.timeout is not None else None
+        return Next(
+            fresh=True,
+            move=Move.BEGIN,
+            until=min(deadline, recheck) if deadline else recheck,
+            detail={"until": iso(deadline) if deadline else None, "kind": wait.kind.value},
+            reason=f"{step}: waiting for {len(waiting)} child run(s)",
+        )
+    until = recorded_until(begun)
+    if until is not None and facts.now >= until:
+        names = ", ".join(c.run_id for c in waiting[:3]) + (" ..." if len(waiting) > 3 else "")
+        reason = f"{step}: {len(waiting)} child run(s) unfinished ({names}) when the join timed out at {iso(until)}"
+        if wait.on_timeout is OnTimeout.CONTINUE:
+            return Next(move=Move.COMPLETE, result=join_result(children), resolution="timeout", reason=reason)
+        return Next(move=Move.FAIL, reason=reason)
+    return Next(
+        move=Move.WAIT,
+        until=min(until, recheck) if until else recheck,
+        reason=f"{step}: waiting for {len(waiting)} child run(s)",
+    )
 
 
 def replace_event(facts: Facts) -> Facts:

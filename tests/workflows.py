@@ -469,3 +469,62 @@ refused = Workflow("refused")
 @refused.step(policy="re_executable", max_attempts=1, fails_on=FarRejected)
 def refuse(ctx: Any) -> None:
     raise FarRejected("no such supplier")
+
+
+# Child runs (durableruns.children): an order books each warehouse's shipment as a child run, then joins them.
+# `book` is a counted effect under the child's own key (the carrier does not deduplicate), so a doubled child or a
+# doubled booking shows; `confirm_booking` escalates when told its answer was lost, which holds the parent's join.
+booking = Workflow("booking")
+
+
+@booking.step(policy="resolvable", lookup=find_shipment, lookup_lag=LAG, timeout=TIMEOUT, fails_on=Rejected,
+              max_attempts=1)
+def book(ctx: Any) -> dict[str, Any]:
+    if ctx.input.get("fail"):
+        raise Rejected(f"no carrier serves {ctx.input.get('warehouse')}")
+    result = systems().carrier.book(key=ctx.effect_key, address=str(ctx.input.get("warehouse")), parcels=1)
+    testing.reached("after_effect", "book")
+    return result
+
+
+@booking.step(policy="escalate")
+def confirm_booking(ctx: Any) -> dict[str, Any]:
+    """Ask the warehouse by phone whether the booking stands."""
+    if ctx.input.get("doubt") and ctx.attempt == 1:
+        raise RuntimeError("the warehouse's answer was lost")
+    return {"warehouse": ctx.input.get("warehouse"), "booked": ctx.results["book"]}
+
+
+def _shipping(name: str, on_child_failure: str) -> Workflow:
+    flow = Workflow(name)
+
+    @flow.step(policy="re_executable", max_attempts=3)
+    def book_warehouses(ctx: Any) -> dict[str, Any]:
+        started = []
+        for n, spec in enumerate(ctx.input["warehouses"]):
+            # a Workflow or its name: both start the same child
+            started.append(ctx.start_run(booking if n % 2 else "booking", spec, key=spec["warehouse"]))
+            testing.reached(f"started:{n + 1}", "book_warehouses")
+        if ctx.input.get("again"):  # the same key and input again: the same child, nothing started
+            first = ctx.input["warehouses"][0]
+            started.append(ctx.start_run("booking", first, key=first["warehouse"]))
+        if ctx.input.get("raise_once") and ctx.attempt == 1:
+            raise RuntimeError("the step died after starting its children")
+        return {"children": started}
+
+    flow.join("bookings", on_child_failure=on_child_failure)
+
+    @flow.step(policy="re_executable")
+    def ship_order(ctx: Any) -> dict[str, Any]:
+        return {"statuses": {run_id: child["status"] for run_id, child in ctx.results["bookings"].items()}}
+
+    return flow
+
+
+shipping, shipping_continue = _shipping("shipping", "fail"), _shipping("shipping_continue", "continue")
+
+
+def warehouses(*names: str, each: dict[str, dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+    """A shipping run's input: one booking per warehouse, with each={"south": {"fail": True}} added to the
+    named warehouses' inputs, and `extra` to the run's."""
+    return {"warehouses": [{"warehouse": n, **(each or {}).get(n, {})} for n in names], **extra}

@@ -366,7 +366,9 @@ class PlanStepSerializer(serializers.Serializer):
 
 class WaitingSerializer(serializers.Serializer):
     step = serializers.CharField()
-    kind = serializers.ChoiceField(choices=[("sleep", "sleep"), ("wait_for", "wait_for"), ("approval", "approval")])
+    kind = serializers.ChoiceField(
+        choices=[("sleep", "sleep"), ("wait_for", "wait_for"), ("approval", "approval"), ("join", "join")]
+    )
     since = serializers.DateTimeField(allow_null=True, help_text="When the wait began (the database's clock).")
     until = serializers.DateTimeField(allow_null=True, help_text="Its wake time or deadline; null: none.")
     event = serializers.CharField(allow_blank=True, help_text="wait_for: the event's name.")
@@ -398,9 +400,18 @@ class HoldingSerializer(serializers.Serializer):
     )
 
 
-class RunDetailSerializer(RunSerializer):
-    """A run in full: its boundary in plan order, what it holds, every attempt, its escalations and staff acts."""
+class RelativeSerializer(serializers.Serializer):
+    run_id = serializers.CharField()
+    workflow = serializers.CharField()
+    status = serializers.CharField(help_text="pending, running, waiting, needs_decision, completed, failed, cancelled")
 
+
+class RunDetailSerializer(RunSerializer):
+    """A run in full: its boundary in plan order, what it holds, every attempt, its escalations and staff acts,
+    the run that started it and the child runs it started."""
+
+    parent = serializers.SerializerMethodField(help_text="The run that started this one (ctx.start_run), if any.")
+    children = serializers.SerializerMethodField(help_text="The child runs this run started, by run_id.")
     boundary = serializers.SerializerMethodField()
     holdings = serializers.SerializerMethodField(
         help_text="What the run holds or may hold in other systems (held, possibly_held); empty once given back."
@@ -420,6 +431,8 @@ class RunDetailSerializer(RunSerializer):
             "plan_fingerprint",
             "epoch",
             "input",
+            "parent",
+            "children",
             "boundary",
             "ending",
             "holdings",
@@ -429,6 +442,18 @@ class RunDetailSerializer(RunSerializer):
             "events",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(RelativeSerializer(allow_null=True))
+    def get_parent(self, run: RunState) -> dict[str, Any] | None:
+        if run.parent_id is None:
+            return None
+        found = RunState.objects.filter(pk=run.parent_id).values("run_id", "workflow", "status").first()
+        return RelativeSerializer(found).data if found else None
+
+    @extend_schema_field(RelativeSerializer(many=True))
+    def get_children(self, run: RunState) -> list[dict[str, Any]]:
+        rows = RunState.objects.children_of(run.run_id).values("run_id", "workflow", "status")
+        return list(RelativeSerializer(rows, many=True).data)
 
     @extend_schema_field(HoldingSerializer(many=True))
     def get_holdings(self, run: RunState) -> list[dict[str, Any]]:

@@ -63,6 +63,7 @@ def test_a_run_page_does_not_grow_with_its_attempts(client_for, reader):
         for n in range(2, 302)
     )
     many = queries(client, f"/api/runs/{run_id}/")
-    # token, permissions (2), run, attempts, escalations with decisions, interventions, events
-    assert many == few == 8
+    # token, permissions (2), run, attempts, escalations with decisions, interventions, events, children (its
+    # parent only when it has one)
+    assert many == few == 9
     assert len(client.get(f"/api/runs/{run_id}/").json()["attempts"]) == 303

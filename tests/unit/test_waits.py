@@ -10,14 +10,18 @@ from durableruns import Workflow
 from durableruns.boundary import StepAttempt, compute_boundary
 from durableruns.errors import DeclarationError
 from durableruns.waits import (
+    JOIN_RECHECK,
+    Child,
     Decision,
     Event,
     Facts,
     Kind,
     Move,
+    OnChildFailure,
     OnReject,
     OnTimeout,
     Wait,
+    join_settles,
     needs_asking,
     next_move,
 )
@@ -200,3 +204,82 @@ def test_wait_steps_are_in_the_plan_and_its_fingerprint():
     twice.sleep("w", HOUR)
     with pytest.raises(DeclarationError):
         twice.wait_for("w")
+
+
+# -- the join: every child run ended, or its deadline -------------------------------------------------------------
+
+JOIN = Wait(kind=Kind.JOIN)
+JOIN_CONTINUE = Wait(kind=Kind.JOIN, on_child_failure=OnChildFailure.CONTINUE)
+JOIN_TIMED = Wait(kind=Kind.JOIN, timeout=HOUR)
+JOIN_TIMED_CONTINUE = Wait(kind=Kind.JOIN, timeout=HOUR, on_timeout=OnTimeout.CONTINUE)
+
+
+def kids(*statuses: str) -> tuple[Child, ...]:
+    return tuple(Child(run_id=f"p/s/{n}", status=s, reason=f"why {n}", results={"a": n})
+                 for n, s in enumerate(statuses))
+
+
+@pytest.mark.parametrize(("wait", "attempt", "children", "now", "move", "until"), [
+    # not begun: children still moving -> begin, due again at the recheck (or the deadline, if sooner); none ->
+    # complete at once
+    (JOIN, None, kids("pending", "completed"), T0, Move.BEGIN, T0 + JOIN_RECHECK),
+    (JOIN_TIMED, None, kids("running"), T0, Move.BEGIN, T0 + JOIN_RECHECK),
+    (JOIN_TIMED, None, kids("running"), T0 + HOUR - JOIN_RECHECK / 2, Move.BEGIN, T0 + HOUR + JOIN_RECHECK / 2),
+    (JOIN, None, (), T0, Move.COMPLETE, None),
+    (JOIN, None, kids("completed", "completed"), T0, Move.COMPLETE, None),
+    # begun: an escalated or waiting child holds it; every child ended -> complete, or fail on a failure
+    (JOIN, begun(None), kids("completed", "needs_decision"), T0, Move.WAIT, T0 + JOIN_RECHECK),
+    (JOIN_TIMED, begun(T0 + HOUR), kids("waiting"), T0, Move.WAIT, T0 + JOIN_RECHECK),
+    (JOIN_TIMED, begun(T0 + HOUR), kids("waiting"), T0 + HOUR - JOIN_RECHECK / 2, Move.WAIT, T0 + HOUR),
+    (JOIN, begun(None), kids("completed", "completed"), T0, Move.COMPLETE, None),
+    (JOIN, begun(None), kids("completed", "failed"), T0, Move.FAIL, None),
+    (JOIN, begun(None), kids("cancelled", "completed"), T0, Move.FAIL, None),
+    (JOIN_CONTINUE, begun(None), kids("completed", "failed"), T0, Move.COMPLETE, None),
+    # the deadline, on the database's clock: fail, or go on with the children as they stand
+    (JOIN_TIMED, begun(T0 + HOUR), kids("running"), T0 + HOUR, Move.FAIL, None),
+    (JOIN_TIMED_CONTINUE, begun(T0 + HOUR), kids("running", "completed"), T0 + HOUR, Move.COMPLETE, None),
+    # every child ended by the deadline: they decide, not the clock
+    (JOIN_TIMED, begun(T0 + HOUR), kids("completed"), T0 + 2 * HOUR, Move.COMPLETE, None),
+])
+def test_the_join_rule(wait, attempt, children, now, move, until):
+    nxt = next_move(wait, "join", Facts(now=now, attempt=attempt, children=children))
+    assert (nxt.move, nxt.until) == (move, until)
+    assert nxt.fresh == (attempt is None)
+    assert join_settles(wait, attempt, children, now) == (move in (Move.COMPLETE, Move.FAIL))
+
+
+def test_a_begun_join_records_its_deadline_not_its_recheck():
+    nxt = next_move(JOIN_TIMED, "j", Facts(now=T0, children=kids("running")))
+    assert nxt.detail == {"until": (T0 + HOUR).isoformat(), "kind": "join"}
+    assert next_move(JOIN, "j", Facts(now=T0, children=kids("running"))).detail == {"until": None, "kind": "join"}
+
+
+def test_a_join_result_maps_each_child_to_its_status_and_results_and_a_failure_names_the_child():
+    done = next_move(JOIN_CONTINUE, "bookings",
+                     Facts(now=T0, attempt=begun(None), children=kids("completed", "failed")))
+    assert done.result == {"p/s/0": {"status": "completed", "results": {"a": 0}},
+                           "p/s/1": {"status": "failed", "results": {"a": 1}}}
+    assert done.resolution == "children"
+    failed = next_move(JOIN, "bookings", Facts(now=T0, attempt=begun(None), children=kids("failed", "cancelled")))
+    assert failed.reason == "bookings: child run p/s/0 failed: why 0 (and 1 more child run(s) did not complete)"
+    late = next_move(JOIN_TIMED_CONTINUE, "bookings", Facts(now=T0 + HOUR, attempt=begun(T0 + HOUR),
+                                                            children=kids("needs_decision")))
+    assert late.result == {"p/s/0": {"status": "needs_decision", "results": {"a": 0}}}
+    assert late.resolution == "timeout" and "p/s/0" in late.reason
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"on_timeout": "escalate", "timeout": HOUR}, "fail or continue"),
+    ({"on_timeout": "continue"}, "needs a timeout"),
+    ({"on_child_failure": "ignore"}, "on_child_failure must be one of fail, continue"),
+    ({"timeout": timedelta(0)}, "must be a positive timedelta"),
+])
+def test_bad_joins_are_declaration_errors(kwargs, message):
+    with pytest.raises(DeclarationError, match=message):
+        Workflow("unit_join_bad", replace=True).join("j", **kwargs)
+
+
+def test_a_join_is_in_the_plan_as_a_join():
+    flow = Workflow("unit_join_plan", replace=True)
+    flow.join("children", timeout=HOUR)
+    assert flow.plan_steps == (("children", "join"),) and flow.as_plan().waits == {"children": "join"}

@@ -1,0 +1,168 @@
+"""Child runs, worked in-process on the real database (PostgreSQL, and SQLite: none of these needs row locks).
+
+A shipping run books each warehouse as a child run (`booking`, a counted effect under the child's own key), joins
+them, and reads their results; the carrier's ledger shows a doubled child or booking.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.utils import quote
+
+import durableruns
+from durableruns import services, store
+from durableruns.children import child_run_id
+from durableruns.clock import Clock
+from durableruns.errors import InvalidInput
+from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
+from durableruns.waits import JOIN_RECHECK
+from project.purchasing.far import FarSystems
+from tests.workflows import warehouses
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def no_backoff(settings):
+    settings.DURABLERUNS_RETRY_BACKOFF_SECONDS = 0
+
+
+def status(run_id: str) -> str:
+    return RunState.objects.values_list("status", flat=True).get(pk=run_id)
+
+
+def kids(run_id: str) -> dict[str, str]:
+    return dict(RunState.objects.children_of(run_id).values_list("run_id", "status"))
+
+
+def test_three_children_started_joined_and_read(far: FarSystems) -> None:
+    run_id = durableruns.start("shipping", warehouses("north", "south", "east", again=True), run_id="ship-1")
+    services.resume_due()
+    assert status(run_id) == RunStatus.COMPLETED
+    expected = [child_run_id(run_id, "book_warehouses", n) for n in ("east", "north", "south")]
+    assert list(kids(run_id)) == expected and set(kids(run_id).values()) == {RunStatus.COMPLETED}
+    (joined,) = RunStep.objects.filter(run_id=run_id, step="bookings")
+    assert joined.status == "completed" and joined.resolution == "children"
+    for child in expected:
+        assert joined.result[child]["status"] == "completed"
+        booked = joined.result[child]["results"]["book"]
+        assert booked == far.carrier.lookup(f"{child}:book")
+        assert joined.result[child]["results"]["confirm_booking"]["booked"] == booked
+    (ship,) = RunStep.objects.filter(run_id=run_id, step="ship_order")
+    assert ship.result == {"statuses": dict.fromkeys(expected, "completed")}
+    assert far.carrier.count() == 3 and not far.carrier.duplicates()
+    # the parent's step asked for "north" twice with the same input: one child, the same run_id returned
+    (spawned,) = RunStep.objects.filter(run_id=run_id, step="book_warehouses")
+    assert spawned.result["children"][-1] == spawned.result["children"][0]
+    detail = services.boundary_of(RunState.objects.get(pk=run_id))
+    assert detail.status == RunStatus.COMPLETED
+
+
+def test_a_step_run_again_starts_nothing_twice_and_other_input_under_a_key_is_refused(far: FarSystems) -> None:
+    run_id = durableruns.start("shipping", warehouses("north", "south", raise_once=True), run_id="ship-again")
+    services.resume_due()
+    attempts = list(RunStep.objects.filter(run_id=run_id, step="book_warehouses").values_list("attempt", "status"))
+    assert attempts == [(1, "failed"), (2, "completed")]
+    assert status(run_id) == RunStatus.COMPLETED and len(kids(run_id)) == 2
+    assert far.carrier.count() == 2 and not far.carrier.duplicates()
+
+    # The same key with another input (or another workflow) is another child: refused, nothing written.
+    lease = store.Lease(run_id=run_id, owner="test", epoch=RunState.objects.get(pk=run_id).epoch, seconds=30)
+    from durableruns import children
+
+    assert children.start(lease, "book_warehouses", "booking", {"warehouse": "north"}, key="north") == \
+        child_run_id(run_id, "book_warehouses", "north")
+    with pytest.raises(InvalidInput, match="another workflow or input"):
+        children.start(lease, "book_warehouses", "booking", {"warehouse": "north", "fail": True}, key="north")
+    with pytest.raises(InvalidInput, match="at most 200"):
+        children.start(lease, "book_warehouses", "booking", {}, key="k" * 200)
+    assert len(kids(run_id)) == 2
+
+    # A child of a limited workflow counts under its limit as a run start() made would: its key asked once.
+    keyed = children.start(lease, "book_warehouses", "keyed", {"buyer": "acme"}, key="acme")
+    limited = children.start(lease, "book_warehouses", "limited", {"n": 1}, key="one")
+    unlimited = child_run_id(run_id, "book_warehouses", "north")
+    recorded = dict(RunState.objects.filter(pk__in=[keyed, limited, unlimited]).values_list("pk", "concurrency_key"))
+    assert recorded == {keyed: "acme", limited: "", unlimited: None}
+
+
+@pytest.mark.parametrize(("workflow", "parent", "reason"), [
+    ("shipping", RunStatus.FAILED, "bookings: child run fail-shipping/book_warehouses/south failed"),
+    ("shipping_continue", RunStatus.COMPLETED, ""),
+])
+def test_a_failed_child_fails_the_parent_or_shows_in_its_results(far: FarSystems, workflow: str, parent: str,
+                                                                 reason: str) -> None:
+    run_id = durableruns.start(workflow, warehouses("north", "south", each={"south": {"fail": True}}),
+                               run_id=f"fail-{workflow}")
+    services.resume_due()
+    south = child_run_id(run_id, "book_warehouses", "south")
+    assert kids(run_id)[south] == RunStatus.FAILED
+    run = RunState.objects.get(pk=run_id)
+    assert run.status == parent
+    if reason:
+        assert run.reason.startswith(reason) and "no carrier serves south" in run.reason
+    else:
+        (ship,) = RunStep.objects.filter(run_id=run_id, step="ship_order")
+        assert ship.result["statuses"][south] == "failed"
+        assert ship.result["statuses"][child_run_id(run_id, "book_warehouses", "north")] == "completed"
+
+
+def test_an_escalated_child_holds_the_join_until_staff_decide_it(far: FarSystems) -> None:
+    run_id = durableruns.start("shipping", warehouses("north", "south", each={"south": {"doubt": True}}),
+                               run_id="ship-doubt")
+    services.resume_due()
+    south = child_run_id(run_id, "book_warehouses", "south")
+    assert kids(run_id)[south] == RunStatus.NEEDS_DECISION
+    assert status(run_id) == RunStatus.WAITING
+    services.resume_due()  # nothing moves the join while the child waits for staff
+    parent = RunState.objects.get(pk=run_id)
+    assert parent.status == RunStatus.WAITING
+    services.resume_due(clock=Clock(shift=JOIN_RECHECK * 2))  # its recheck finds the child still undecided
+    assert status(run_id) == RunStatus.WAITING
+    assert "waiting for its child runs at bookings" in services.run_boundary(run_id).sentence()
+    durableruns.decide(south, "confirm_booking", "happened", by="ops", note="the warehouse confirmed by phone",
+                       result={"warehouse": "south", "booked": "by phone"})
+    services.resume_due()  # the child completes and its end makes the parent due; the parent completes
+    assert status(south) == RunStatus.COMPLETED and status(run_id) == RunStatus.COMPLETED
+    (joined,) = RunStep.objects.filter(run_id=run_id, step="bookings")
+    assert joined.result[south]["results"]["confirm_booking"] == {"warehouse": "south", "booked": "by phone"}
+
+
+def test_cancelling_a_parent_cancels_its_unfinished_children(far: FarSystems) -> None:
+    run_id = durableruns.start("shipping", warehouses("north", "south", "east", each={"south": {"doubt": True}}),
+                               run_id="ship-cancel")
+    # The parent's first pass starts the children and waits; one child is run to its end, one escalates.
+    services.resume_due(run_id=run_id)
+    north, south, east = (child_run_id(run_id, "book_warehouses", n) for n in ("north", "south", "east"))
+    services.resume_due(run_id=north)
+    services.resume_due(run_id=south)
+    assert kids(run_id) == {east: RunStatus.PENDING, north: RunStatus.COMPLETED, south: RunStatus.NEEDS_DECISION}
+    services.cancel_run(run_id, by="ops", note="the buyer withdrew the order")
+    assert status(run_id) == RunStatus.CANCELLED
+    assert kids(run_id) == {east: RunStatus.CANCELLED, north: RunStatus.COMPLETED, south: RunStatus.CANCELLED}
+    assert "with ship-cancel: the buyer withdrew" in RunState.objects.get(pk=east).reason
+    # the escalated child's open escalation is closed by its cancel, as a staff cancel of it would
+    assert not Escalation.objects.open().filter(run_id=south).exists()
+    assert Intervention.objects.filter(run_id=south, action="cancel").exists()
+    services.resume_due()
+    assert far.carrier.count() == 2  # north's and south's bookings; east never ran
+
+
+def test_the_admin_and_the_api_show_a_runs_parent_and_children(far: FarSystems, admin_client) -> None:
+    run_id = durableruns.start("shipping", warehouses("north", "south"), run_id="ship-shown")
+    services.resume_due(run_id=run_id)  # the children exist, pending; the parent waits at its join
+    north, south = (child_run_id(run_id, "book_warehouses", n) for n in ("north", "south"))
+    page = admin_client.get(f"/admin/durableruns/runstate/{quote(run_id)}/change/").content.decode()
+    for child in (north, south):
+        assert f'href="/admin/durableruns/runstate/{quote(child)}/change/"' in page
+    assert page.count('data-relation="child"') == 2 and "pending" in page
+    child_page = admin_client.get(f"/admin/durableruns/runstate/{quote(north)}/change/").content.decode()
+    assert f'href="/admin/durableruns/runstate/{quote(run_id)}/change/"' in child_page
+    assert 'data-relation="parent"' in child_page
+
+    detail = admin_client.get(f"/api/runs/{run_id}/").json()
+    assert detail["parent"] is None
+    assert detail["children"] == [{"run_id": north, "workflow": "booking", "status": "pending"},
+                                  {"run_id": south, "workflow": "booking", "status": "pending"}]
+    assert admin_client.get(f"/api/runs/{north}/").json()["parent"] == {
+        "run_id": run_id, "workflow": "shipping", "status": "waiting"}
