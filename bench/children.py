@@ -23,7 +23,6 @@ import datetime
 import json
 import os
 import platform
-import shlex
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench import report
 from bench.pg import conninfo, database_url, recreate_database, server_settings
 from bench.stats import ratio, rounded, summarize
 
@@ -208,28 +208,6 @@ def write(out: Path, meta: dict[str, Any], figure: dict[str, Any]) -> None:
     (out / "children.md").write_text("\n".join(lines) + "\n")
 
 
-def _git() -> str:
-    try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, timeout=10)
-    except OSError:
-        return "unknown"
-    return done.stdout.strip() or "unknown"
-
-
-def _command(argv: list[str]) -> str:
-    """The command line that reproduces the run (its --note is commentary, not a parameter)."""
-    kept: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--note":
-            skip = True
-        elif not arg.startswith("--note="):
-            kept.append(arg)
-    return shlex.join(["python", "-m", "bench.children", *kept])
-
 
 def _drop(dbname: str) -> None:
     with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
@@ -252,8 +230,8 @@ def main(argv: list[str] | None = None) -> None:
 
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": _command(argv), "nproc": os.cpu_count(),
-        "loadavg_start": os.getloadavg(), "python": platform.python_version(), "git": _git(), "note": args.note,
+        "command": report.reproducing_command("bench.children", argv), "nproc": os.cpu_count(),
+        "loadavg_start": os.getloadavg(), "python": platform.python_version(), "git": report.git_described(), "note": args.note,
     }
     app.configure(app_db)
     meta["postgresql"] = server_settings()

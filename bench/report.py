@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +19,32 @@ from typing import Any
 from bench.stats import Summary, rounded
 
 NOT_RUN = "not run"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_described() -> str:
+    """`git describe --always --dirty` of the checkout the benchmark ran from, or "unknown"."""
+    try:
+        described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT, capture_output=True,
+                                   text=True, timeout=10)
+    except OSError:
+        return "unknown"
+    return described.stdout.strip() or "unknown"
+
+
+def reproducing_command(module: str, argv: Sequence[str]) -> str:
+    """The command line that reproduces the run of `python -m module` (its --note is commentary, not a
+    parameter)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--note":
+            skip = True
+        elif not arg.startswith("--note="):
+            kept.append(arg)
+    return shlex.join(["python", "-m", module, *kept])
 
 
 @dataclass(frozen=True, kw_only=True)

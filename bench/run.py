@@ -20,8 +20,6 @@ import argparse
 import datetime
 import os
 import platform
-import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -111,28 +109,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _git() -> str:
-    try:
-        described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=app.ROOT, capture_output=True,
-                                   text=True, timeout=10)
-    except OSError:
-        return "unknown"
-    return described.stdout.strip() or "unknown"
-
-
-def _command(argv: list[str]) -> str:
-    """The command line that reproduces the run (its --note is commentary, not a parameter)."""
-    kept: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--note":
-            skip = True
-        elif not arg.startswith("--note="):
-            kept.append(arg)
-    return shlex.join(["python", "-m", "bench.run", *kept])
-
 
 def run(size: Size, *, out: Path, only: tuple[str, ...], dbs: Databases, profile: bool, note: str,
         argv: list[str]) -> dict[str, Any]:
@@ -140,9 +116,9 @@ def run(size: Size, *, out: Path, only: tuple[str, ...], dbs: Databases, profile
     began = time.perf_counter()
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "size": size.name, "command": _command(argv), "parameters": asdict(size), "databases": asdict(dbs),
+        "size": size.name, "command": report.reproducing_command("bench.run", argv), "parameters": asdict(size), "databases": asdict(dbs),
         "nproc": os.cpu_count(), "loadavg_start": os.getloadavg(), "python": platform.python_version(),
-        "platform": platform.platform(), "postgresql": server_settings(), "git": _git(), "note": note,
+        "platform": platform.platform(), "postgresql": server_settings(), "git": report.git_described(), "note": note,
     }
     app.configure(dbs.app)
     # The figure modules use durableruns' models, so they are imported once Django is set up.
