@@ -18,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from durableruns import conf, services
@@ -29,7 +30,7 @@ try:  # Django 6
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued
+    from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # Django 5.2, with the django-tasks backport
     from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef,assignment,unused-ignore]
     from django_tasks.base import (  # type: ignore[no-redef,assignment,unused-ignore]
@@ -40,7 +41,11 @@ except ImportError:  # Django 5.2, with the django-tasks backport
         TaskResultStatus,
     )
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef,assignment,unused-ignore]
-    from django_tasks.signals import task_enqueued  # type: ignore[no-redef,assignment,unused-ignore]
+    from django_tasks.signals import (  # type: ignore[no-redef,assignment,unused-ignore]
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
 
 BACKEND = "durableruns.tasks.DurableRunsBackend"
 WORKFLOW = "durableruns.task"
@@ -71,21 +76,59 @@ class TaskRaised(Exception):
 
 @tasks.step(policy="re_executable", max_attempts=_max_attempts())
 def run_task(ctx: StepContext) -> Any:
-    """Call the task the run records, with its args and kwargs; what it returns is the task's return value."""
+    """Call the task the run records, with its args and kwargs; what it returns is the task's return value.
+
+    Sends the Tasks API's task_started before the call and task_finished after it (SUCCESSFUL, or FAILED with
+    the error, from inside the handler as Django's own backends do), once per attempt: a task retried under
+    MAX_ATTEMPTS, or run again after its worker died, is started (and finished) again. The TaskResult they carry
+    is this attempt's, made in memory (no read of the record on the hot path); get_result() reads the record."""
     found = import_string(ctx.input["task"])
-    task = found if isinstance(found, Task) else None
-    func = task.func if task is not None else found
+    task = found if isinstance(found, Task) else Task(func=found)
     args, kwargs = list(ctx.input.get("args", [])), dict(ctx.input.get("kwargs", {}))
-    if task is not None and task.takes_context:
+    if task.takes_context:
         args.insert(0, TaskContext(task_result=result_of(ctx.run_id)))
+    attempt = _attempt_result(ctx, task)
+    task_started.send(DurableRunsBackend, task_result=attempt)
     try:
-        return task.call(*args, **kwargs) if task is not None else func(*args, **kwargs)
+        returned = task.call(*args, **kwargs)
     except Exception as exc:  # the task's own: re-raised with its traceback, for get_result (errors)
         kind = type(exc)
         text = "".join(traceback.format_exception(exc))
+        path = f"{kind.__module__}.{kind.__qualname__}"
+        attempt.errors.append(TaskError(exception_class_path=path, traceback=text))
+        _ended(attempt, TaskResultStatus.FAILED)
+        task_finished.send(DurableRunsBackend, task_result=attempt)
         if len(text) > TRACEBACK_LIMIT:
             text = f"Traceback (cut to its last {TRACEBACK_LIMIT} characters):\n...{text[-TRACEBACK_LIMIT:]}"
-        raise TaskRaised(f"{kind.__module__}.{kind.__qualname__}", text) from exc
+        raise TaskRaised(path, text) from exc
+    object.__setattr__(attempt, "_return_value", returned)
+    _ended(attempt, TaskResultStatus.SUCCESSFUL)
+    task_finished.send(DurableRunsBackend, task_result=attempt)
+    return returned
+
+
+def _attempt_result(ctx: StepContext, task: Task) -> Any:
+    """The TaskResult of the attempt starting now, for the task_started and task_finished signals."""
+    now = timezone.now()
+    return TaskResult(
+        task=task,
+        id=ctx.run_id,
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=None,
+        started_at=now,
+        finished_at=None,
+        last_attempted_at=now,
+        args=list(ctx.input.get("args", [])),
+        kwargs=dict(ctx.input.get("kwargs", {})),
+        backend=ctx.input.get("backend", ""),
+        errors=[],
+        worker_ids=[],
+    )
+
+
+def _ended(attempt: Any, status: Any) -> None:
+    object.__setattr__(attempt, "status", status)
+    object.__setattr__(attempt, "finished_at", timezone.now())
 
 
 class DurableRunsBackend(BaseTaskBackend):

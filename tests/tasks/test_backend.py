@@ -91,6 +91,42 @@ def test_get_result_of_a_task_that_raised_names_its_class_and_traceback():
     assert RunState.objects.get(pk=result.id).status == RunStatus.FAILED
 
 
+def test_the_tasks_signals_are_sent_for_each_attempt():
+    from durableruns.tasks import task_enqueued, task_finished, task_started
+
+    seen: list[tuple[str, str, str, object]] = []
+
+    def note(name):
+        def receiver(sender, task_result, **kwargs):
+            assert sender is DurableRunsBackend
+            error = task_result.errors[-1].exception_class_path if task_result.errors else None
+            value = task_result.return_value if task_result.status == TaskResultStatus.SUCCESSFUL else error
+            seen.append((name, task_result.id, task_result.status, value))
+
+        return receiver
+
+    receivers = {
+        sent: note(name)
+        for sent, name in ((task_enqueued, "enqueued"), (task_started, "started"), (task_finished, "finished"))
+    }
+    for sent, receiver in receivers.items():
+        sent.connect(receiver)
+    try:
+        added, failed = jobs.add.enqueue(2, 3), jobs.explode.enqueue("boom")
+        work()
+    finally:
+        for sent, receiver in receivers.items():
+            sent.disconnect(receiver)
+    assert seen == [
+        ("enqueued", added.id, TaskResultStatus.READY, None),
+        ("enqueued", failed.id, TaskResultStatus.READY, None),
+        ("started", added.id, TaskResultStatus.RUNNING, None),
+        ("finished", added.id, TaskResultStatus.SUCCESSFUL, {"total": 5}),
+        ("started", failed.id, TaskResultStatus.RUNNING, None),
+        ("finished", failed.id, TaskResultStatus.FAILED, "builtins.ValueError"),
+    ]
+
+
 def test_get_result_of_no_such_task():
     with pytest.raises(TaskResultDoesNotExist):
         jobs.add.get_backend().get_result("no-such-task")
