@@ -14,11 +14,17 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from hypothesis import settings as hypothesis_settings
 
 import tests.workflows  # noqa: F401  (registers the test workflows in this process)
 from project.purchasing.far import FarSystems, systems
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests time nothing: bin/test runs lanes side by side, and a loaded core must not fail an example for
+# taking longer than hypothesis' default 200 ms.
+hypothesis_settings.register_profile("durableruns", deadline=None)
+hypothesis_settings.load_profile("durableruns")
 
 
 def pytest_configure(config: pytest.Config) -> None:
