@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -231,7 +231,7 @@ def family(run: RunState) -> dict[str, Any]:
     return {"parent": parent, "children": shown, "children_count": count}
 
 
-def _relative(row: dict[str, Any]) -> dict[str, Any]:
+def _relative(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"run_id": row["run_id"], "workflow": row["workflow"], "url": _run_url(row["run_id"]),
             "status": status_badge(row["status"])}
 
