@@ -124,6 +124,9 @@ DURABLERUNS_STUCK_MARGIN_SECONDS = env.float("DURABLERUNS_STUCK_MARGIN_SECONDS",
 DURABLERUNS_SHUTDOWN_GRACE_SECONDS = env.float("DURABLERUNS_SHUTDOWN_GRACE_SECONDS", default=30.0)
 DURABLERUNS_LISTEN = env.bool("DURABLERUNS_LISTEN", default=True)
 DURABLERUNS_STANDBY_INTENTS = env("DURABLERUNS_STANDBY_INTENTS", default=None)
+# The demo's nightly reconciliation (project/purchasing/orders.py): a cron expression in Europe/Amsterdam time;
+# empty: not declared (the test suite's workers run without it).
+PURCHASING_RECONCILIATION_CRON = env("PURCHASING_RECONCILIATION_CRON", default="0 2 * * *")
 
 # Django's Tasks run as durableruns runs (on Django 5.2 through the django-tasks backport: durableruns[tasks]);
 # QUEUES = [] accepts any queue name, and resume_runs --queue NAME limits a worker to some.

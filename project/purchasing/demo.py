@@ -25,6 +25,7 @@ from durableruns import services
 from durableruns.holdings import lapse_phrase
 from durableruns.models import Escalation, RunState, RunStatus, RunStep
 from durableruns.registry import effect_key, get_workflow
+from project.purchasing.demo_orders import OrdersAct
 from project.purchasing.far import FarSystems, config_from_env, reset_all, systems
 
 Say = Callable[[str], None]
@@ -107,6 +108,7 @@ class Demo:
         self.abandon()
         self.show_ledgers()
         self.compare()
+        OrdersAct(self).play(8)
         self.show_where_to_look()
         self.say("")
         self.say(f"Done in {time.monotonic() - started:.0f} s.")
@@ -418,12 +420,13 @@ class Demo:
         self.say("")
 
     def show_where_to_look(self) -> None:
-        self.say("8. Look around:")
+        self.say("9. Look around:")
         self.say(f"   .venv/bin/python manage.py show_run {self.ids[0]}      every attempt of one run")
         self.say("   .venv/bin/python manage.py createsuperuser            then:")
         self.say("   .venv/bin/python manage.py runserver")
         self.say("   http://127.0.0.1:8000/admin/durableruns/runstate/      the runs, their boundary, every attempt")
-        self.say("   http://127.0.0.1:8000/admin/durableruns/escalation/    the escalation queue")
+        self.say("   http://127.0.0.1:8000/admin/durableruns/escalation/    the escalation and approval queue")
+        self.say("   http://127.0.0.1:8000/admin/durableruns/schedulestate/ the schedules, their next and last slot")
 
     # -- helpers ---------------------------------------------------------------------------------------------
 

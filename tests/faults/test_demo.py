@@ -69,23 +69,53 @@ def test_the_demo_kills_resumes_and_ends_with_no_duplicates_while_the_naive_resu
     assert int(naive.group(2)) > 0 and int(naive.group(1)) == 3 + int(naive.group(2))
     assert (int(ours.group(1)), int(ours.group(2))) == (3, 0)
 
+    # The second act: orders that wait for a manager and the supplier, fan out, and a nightly schedule.
+    act = out.split("8. Orders as they really run", 1)[1].split("\n9. Look around", 1)[0]
+    assert re.search(r"240 portal calls of 20 ms, 16 at a time \(ctx.map\), took 0\.\d\d s", act), act
+    assert re.search(r"PO-2026-0101  waiting  2 steps complete, waiting for approval manager_approval since "
+                     r"\d\d:\d\d \(times out \d{4}-\d\d-\d\d \d\d:\d\d\), 7 steps remaining", act), act
+    assert re.search(r"PO-2026-0102  waiting  5 steps complete, waiting for supplier_confirmed since", act), act
+    assert "Leases they held: 0." in act
+    assert re.search(r"the charge's intent was recorded \d+\.\d\d s after the decision", act), act
+    assert "PO-2026-0101 key sup-msg-88121 {'confirmation': 'SUP-88121', 'backorder': False}: 201 recorded" in act
+    assert "PO-2026-0101 key sup-msg-88121 {'confirmation': 'SUP-88121', 'backorder': False}: 200 a retry" in act
+    assert "PO-2026-0101  completed all 9 steps complete" in act and "PO-2026-0102  completed all 9 steps" in act
+    assert "so its notify_buyer is skipped" in act
+    assert "The carrier's ledger: 3 bookings under 3 keys; the payment provider: 2 charges under 2 keys." in act
+    assert re.search(r"schedule nightly_reconciliation \('0 2 \* \* \*' in Europe/Amsterdam\), first\n   seen by a "
+                     r"worker at \d\d:\d\d:\d\d\. Its next slot is \d{4}-\d\d-\d\d 02:00 Europe/Amsterdam", act), act
+    assert re.search(r"nightly_reconciliation@\d{4}-\d\d-\d\dT0[01]:00:00Z, which the database takes once", act), act
+
     # What it left behind says the same: the record...
     with sqlite3.connect(database) as db:
         status = dict(db.execute("SELECT run_id, status FROM run_state"))
         open_escalations = db.execute(
             "SELECT e.run_id, e.step FROM run_escalation e LEFT JOIN run_intervention i ON i.escalation_id = e.id "
             "WHERE i.id IS NULL").fetchall()
-        abandoned = db.execute("SELECT run_id, action FROM run_intervention").fetchall()
+        decisions = db.execute("SELECT run_id, action, decided_by FROM run_intervention ORDER BY id").fetchall()
+        events = db.execute("SELECT run_id, key, consumed_step FROM run_event ORDER BY id").fetchall()
+        parents = dict(db.execute("SELECT run_id, parent_id FROM run_state WHERE parent_id IS NOT NULL"))
+        schedules = db.execute("SELECT name, last_slot FROM run_schedule").fetchall()
+    shipments = [f"PO-2026-0101/book_shipments/{w}" for w in ("Antwerp", "Hamburg", "Rotterdam")]
+    shipments.append("PO-2026-0102/book_shipments/Hamburg")
     assert status == {**{r: "completed" for r in RUN_IDS + ["PO-2026-0046", "PO-2026-0047", "PO-2026-0048"]},
-                      "PO-2026-0044": "needs_decision", "PO-2026-0049": "cancelled"}
+                      "PO-2026-0044": "needs_decision", "PO-2026-0049": "cancelled",
+                      **{r: "completed" for r in ["PO-2026-0101", "PO-2026-0102", *shipments]}}
+    assert decisions == [("PO-2026-0049", "abandon", "demo staff"), ("PO-2026-0101", "approve", "manager")]
+    assert events == [("PO-2026-0101", "sup-msg-88121", "supplier_confirmed"),
+                      ("PO-2026-0102", "sup-msg-88122", "supplier_confirmed")]
+    assert parents == {child: child.split("/")[0] for child in shipments}
+    assert schedules == [("nightly_reconciliation", None)]
     assert open_escalations == [("PO-2026-0044", "notify_buyer")]
-    assert abandoned == [("PO-2026-0049", "abandon")]
     # ...and the ledgers: one effect per key for durableruns, duplicate orders at the naive portal.
     far = systems(directory=tmp_path / "far")
-    for name in ("portal", "credit", "payments", "carrier"):
+    # the abandoned order got as far as shipping; the second act's two orders charge and order, and the first of
+    # them books three shipments, the second one (none asks the credit vendor)
+    for name, keys in (("portal", 11), ("credit", 9), ("payments", 11), ("carrier", 13)):
         assert getattr(far, name).duplicates() == {}, name
-        assert len(getattr(far, name).counts_by_key()) == 9, name  # the abandoned order got as far as shipping
+        assert len(getattr(far, name).counts_by_key()) == keys, name
     assert far.warehouse.duplicates() == {}
     assert [r["key"] for r in far.warehouse.releases()] == ["PO-2026-0049:reserve_stock:release"]
-    assert {r["key"] for r in far.warehouse.held()} == {f"{r}:reserve_stock" for r in status if r != "PO-2026-0049"}
+    first_act = set(RUN_IDS + ["PO-2026-0046", "PO-2026-0047", "PO-2026-0048"])
+    assert {r["key"] for r in far.warehouse.held()} == {f"{r}:reserve_stock" for r in first_act}
     assert systems(directory=tmp_path / "far" / "naive").portal.duplicates() != {}

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from project.purchasing.demo import Demo, DemoError
+from project.purchasing.demo_orders import ActError
 
 
 def _run_count(text: str) -> int:
@@ -43,7 +44,7 @@ class Command(BaseCommand):
 
         try:
             Demo(runs=runs, seed=seed, say=say).play()
-        except DemoError as exc:
+        except (DemoError, ActError) as exc:
             raise CommandError(f"the demo went wrong: {exc}") from exc
         except DatabaseError as exc:
             raise CommandError(
