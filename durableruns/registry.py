@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from durableruns.errors import DeclarationError, Rejected, UnknownWorkflow
+from durableruns.errors import DeclarationError, InvalidInput, Rejected, UnknownWorkflow
 from durableruns.holdings import Acquisition, release_step
 from durableruns.plans import Plan, PlanSteps, fingerprint_of
 from durableruns.policies import Policy
@@ -343,12 +343,19 @@ class Workflow:
 
     def limit_key(self, input: dict[str, Any]) -> str | None:
         """The key a run started now with `input` records for its limit: None for an unlimited workflow, "" for a
-        limit on the whole workflow, else str() of what `concurrency_key(input)` returns."""
+        limit on the whole workflow, else str() of what `concurrency_key(input)` returns. An input the key
+        function cannot read (it raises) is InvalidInput: the run is not started."""
         if self.concurrency is None:
             return None
         if self.concurrency_key is None:
             return ""
-        return str(self.concurrency_key(input))
+        try:
+            return str(self.concurrency_key(input))
+        except Exception as exc:
+            raise InvalidInput(
+                f"workflow {self.name}: its concurrency_key cannot be read from this input "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
 
     def as_plan(self) -> Plan:
         """This deploy's plan of the workflow; computed again only after a step is declared (steps are only ever

@@ -1,5 +1,5 @@
 """Input the API cannot use is refused with a 4xx that says why, never a 500: a cursor whose position is no value
-of the list's order, a run_id with a control character."""
+of the list's order, a run_id with a control character, an input a workflow's concurrency_key cannot read."""
 
 from __future__ import annotations
 
@@ -55,3 +55,14 @@ def test_a_run_id_with_a_control_character_is_refused_with_a_400(client_for, sta
     body = response.json()
     assert body["code"] == "invalid_input" and "control character" in body["detail"], body
     assert not RunState.objects.exists()
+
+
+def test_an_input_its_concurrency_key_cannot_read_is_refused_with_a_400_and_starts_nothing(client_for, starter):
+    # the "keyed" workflow's concurrency_key is lambda input: input["buyer"]
+    response = client_for(starter).post("/api/runs/", {"workflow": "keyed", "input": {"seller": "s1"}}, format="json")
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["code"] == "invalid_input" and "concurrency_key" in body["detail"] and "buyer" in body["detail"], body
+    assert not RunState.objects.exists()
+    response = client_for(starter).post("/api/runs/", {"workflow": "keyed", "input": {"buyer": "b1"}}, format="json")
+    assert response.status_code == 201, response.content
