@@ -165,7 +165,8 @@ def main() -> None:
         _admin(primary, "CREATE DATABASE durableruns", "ALTER SYSTEM SET synchronous_standby_names = 'standby1'",
                "SELECT pg_reload_conf()")
         os.environ.update(DATABASE_URL=f"postgres://postgres@127.0.0.1:{primary}/durableruns",
-                          DJANGO_SETTINGS_MODULE="project.settings", DURABLERUNS_WORKFLOW_MODULES="bench.workflows")
+                          DJANGO_SETTINGS_MODULE="project.settings", DURABLERUNS_WORKFLOW_MODULES="bench.workflows",
+                          PURCHASING_RECONCILIATION_CRON="")
         import django
         from django.core.management import call_command
 
