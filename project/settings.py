@@ -108,7 +108,8 @@ SPECTACULAR_SETTINGS = {
 
 # durableruns: how long a worker's claim on a run lasts without renewal (seconds, fractions allowed).
 DURABLERUNS_LEASE_SECONDS = env("DURABLERUNS_LEASE_SECONDS")
-DURABLERUNS_WORKFLOW_MODULES = env.list("DURABLERUNS_WORKFLOW_MODULES", default=[])
+# project/purchasing/orders.py (the full purchase order, its shipments, the nightly reconciliation), then any named.
+DURABLERUNS_WORKFLOW_MODULES = ["project.purchasing.orders", *env.list("DURABLERUNS_WORKFLOW_MODULES", default=[])]
 DURABLERUNS_RETRY_BACKOFF_SECONDS = env.float("DURABLERUNS_RETRY_BACKOFF_SECONDS", default=1.0)
 DURABLERUNS_RETRY_BACKOFF_MAX_SECONDS = env.float("DURABLERUNS_RETRY_BACKOFF_MAX_SECONDS", default=300.0)
 DURABLERUNS_LOOKUP_RETRY_SECONDS = env.float("DURABLERUNS_LOOKUP_RETRY_SECONDS", default=5.0)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -25,26 +24,15 @@ from durableruns import Rejected, Workflow, testing
 from durableruns.models import RunState, RunStatus
 from project.purchasing import pricing
 from project.purchasing.far import FarRejected, systems
+from project.purchasing.workflows import CALL_TIMEOUT, by_key, charge, place_order
 
 APPROVAL_LIMIT = 100_000  # cents: orders above 1,000.00 EUR wait for a manager
 WAREHOUSES = ("Rotterdam", "Hamburg", "Antwerp")
-CALL_TIMEOUT = timedelta(seconds=float(os.environ.get("PURCHASING_CALL_TIMEOUT", 30)))
 PRICE_CALL_SECONDS = float(os.environ.get("PURCHASING_PRICE_CALL_SECONDS", 0.02))  # one portal price lookup
 
 full_purchase_order = Workflow("full_purchase_order")
 shipment = Workflow("shipment")
 reconciliation = Workflow("reconciliation")
-
-
-def by_key(system: str, method: str) -> Callable[[Any], dict[str, Any] | None]:
-    """A lookup that asks `system` for the effect by the step's own key."""
-
-    def lookup(ctx: Any) -> dict[str, Any] | None:
-        found: dict[str, Any] | None = getattr(getattr(systems(), system), method)(ctx.effect_key)
-        return found
-
-    lookup.__name__ = f"{system}.{method}"
-    return lookup
 
 
 @full_purchase_order.step(policy="re_executable")
@@ -85,28 +73,13 @@ full_purchase_order.approval(
 )
 
 
-@full_purchase_order.step(
+# Charging and placing the order are the straight line's own steps, declared here again under the same policies.
+full_purchase_order.step(
     policy="resolvable", lookup=by_key("payments", "lookup"), timeout=CALL_TIMEOUT, fails_on=FarRejected
-)
-def charge(ctx: Any) -> dict[str, Any]:
-    """Charge the buyer under an idempotency key; the provider can be asked for the charge by that key."""
-    result = systems().payments.charge(
-        amount=ctx.results["quote"]["total"], currency="EUR", idempotency_key=ctx.effect_key
-    )
-    testing.reached("after_effect", "charge")
-    return result
-
-
-@full_purchase_order.step(
+)(charge)
+full_purchase_order.step(
     policy="resolvable", lookup=by_key("portal", "get_by_key"), timeout=CALL_TIMEOUT, fails_on=FarRejected
-)
-def place_order(ctx: Any) -> dict[str, Any]:
-    """Submit the order to the supplier portal under our key; the supplier confirms it later, by webhook."""
-    order = ctx.results["parse_request"]
-    result = systems().portal.submit_order(key=ctx.effect_key, reference=order["reference"], lines=order["lines"])
-    testing.reached("after_effect", "place_order")
-    return result
-
+)(place_order)
 
 full_purchase_order.wait_for("supplier_confirmed", timeout=timedelta(days=2), on_timeout="escalate")
 

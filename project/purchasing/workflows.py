@@ -143,7 +143,3 @@ def notify_buyer(ctx: Any) -> dict[str, Any]:
     )
     testing.reached("after_effect", "notify_buyer")
     return result
-
-
-# The same business as orders really run it (approval, supplier confirmation, fan-out, a nightly schedule).
-from project.purchasing import orders  # noqa: E402, F401
