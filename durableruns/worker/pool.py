@@ -359,14 +359,8 @@ class WorkerPool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     def _idle_timeout(self, due_in: float | None) -> float:
-        """How long an idle thread waits at most: the poll interval, or until just after `due_in` seconds, when
-        the next run comes due by itself."""
-        timeout = self.idle_seconds
-        if due_in is not None:  # wake just after it; a run due already but held elsewhere is not spun on
-            timeout = min(timeout, max(due_in, 0.05) + 0.002)
-        if self.deadline is not None:
-            timeout = max(0.0, min(timeout, self.deadline - time.monotonic()))
-        return timeout
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        return idle_timeout(due_in, poll=self.idle_seconds, deadline_in=left)
 
     def _work_due(self, engine: Engine, owner: str) -> tuple[bool, float | None]:
         """Claim and work runs until none is due; return whether the budget ran out, and the seconds until the
@@ -439,6 +433,25 @@ class WorkerPool:
                 if known:
                     return False, due_in
         return False, None
+
+
+# How long an idle thread waits when the run due next by itself is due already: held elsewhere (the claim skipped
+# it, locked), so it is looked at again after this, not spun on.
+HELD_RECHECK_SECONDS = 0.05
+# How far past a wake time an idle thread wakes, so that its claim, on the database's clock, finds it due.
+PAST_DUE_SECONDS = 0.002
+
+
+def idle_timeout(due_in: float | None, *, poll: float, deadline_in: float | None = None) -> float:
+    """How long an idle thread waits at most: the poll interval `poll`, or until just after `due_in` seconds, when
+    the next run comes due by itself (None: none will), however soon that is; never past a deadline `deadline_in`
+    seconds away."""
+    timeout = poll
+    if due_in is not None:
+        timeout = min(timeout, (due_in if due_in > 0 else HELD_RECHECK_SECONDS) + PAST_DUE_SECONDS)
+    if deadline_in is not None:
+        timeout = max(0.0, min(timeout, deadline_in))
+    return timeout
 
 
 _ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})

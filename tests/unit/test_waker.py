@@ -12,7 +12,9 @@ from __future__ import annotations
 import threading
 import time
 
-from durableruns.worker.pool import Waker
+import pytest
+
+from durableruns.worker.pool import HELD_RECHECK_SECONDS, PAST_DUE_SECONDS, Waker, idle_timeout
 
 
 def test_a_wake_while_nobody_waits_ends_the_next_wait_at_once_and_only_that_one():
@@ -94,3 +96,20 @@ def test_a_wake_time_read_by_a_quiet_claim_bounds_the_idle_wait_and_ends_the_kno
     assert waker.nothing_due()[0]
     waker.saw_nothing_due(waker.wakes(), next_due=(time.monotonic() - 1.0, 0.5))  # due already: claim instead
     assert waker.nothing_due() == (False, None)
+
+
+@pytest.mark.parametrize(
+    ("due_in", "deadline_in", "expected"),
+    [
+        (None, None, 5.0),  # nothing comes due by itself: the poll interval
+        (30.0, None, 5.0),  # later than the poll: the poll first
+        (1.0, None, 1.0 + PAST_DUE_SECONDS),
+        (0.01, None, 0.01 + PAST_DUE_SECONDS),  # however soon: a sleep ending in 10 ms is met in 10 ms, not later
+        (0.0, None, HELD_RECHECK_SECONDS + PAST_DUE_SECONDS),  # due already, so held elsewhere: not spun on
+        (-3.0, None, HELD_RECHECK_SECONDS + PAST_DUE_SECONDS),
+        (1.0, 0.5, 0.5),  # never past the deadline
+        (None, -1.0, 0.0),
+    ],
+)
+def test_an_idle_wait_ends_just_after_the_next_wake_time_however_soon(due_in, deadline_in, expected):
+    assert idle_timeout(due_in, poll=5.0, deadline_in=deadline_in) == pytest.approx(expected)
