@@ -413,11 +413,14 @@ class Engine:
         assert wait is not None
         lease = state.lease
         begun = latest if latest is not None and latest.status == "started" else None
-        now = self.clock.now()
+        event = None
+        if wait.kind is waits.Kind.WAIT_FOR:  # its now and its event in one round trip: picked up in milliseconds
+            now, event = store.now_and_oldest_event(state.run_id, wait.event, self.clock)
+        else:
+            now = self.clock.now()
         asked = None
         if begun is None and wait.kind is waits.Kind.SLEEP:
             asked = self._asking(state, step, index, lambda: _sleep_time(step, self._ctx(state, step, 1)))
-        event = store.oldest_event(state.run_id, wait.event) if wait.kind is waits.Kind.WAIT_FOR else None
         decision, staff, escalation_open = None, "", False
         if begun is not None and wait.kind is waits.Kind.APPROVAL:
             decision = _approval(state.run_id, step.name, begun.attempt)

@@ -308,6 +308,75 @@ UPDATE run_step SET loop_cursor = %(loop)s, progress = %(progress)s::jsonb, rene
  WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND EXISTS (SELECT 1 FROM fence)
 """
 
+# A wait's completion (durableruns.waits): the run's row is fenced on the epoch and on what the completion needs
+# still standing (the wait's attempt started, or none recorded yet if it completes as it is reached; the event
+# not consumed); the attempt's result and the event's consumption follow from the fence in the same statement,
+# its own commit. Under the fence's row lock no other writer of this run moves (each is fenced on the run's row
+# first), so the three are recorded together or, fenced out, none is.
+_COMPLETE_WAIT_HEAD = """
+WITH fence AS (
+  UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s,
+         lease_expires_at = now() + %(shift)s + %(lease)s
+   WHERE run_id = %(run)s AND epoch = %(epoch)s
+     AND {attempt}
+     AND (%(event_id)s::bigint IS NULL OR EXISTS (
+           SELECT 1 FROM run_event WHERE id = %(event_id)s AND run_id = %(run)s AND consumed_at IS NULL))
+  RETURNING run_id),
+used AS (
+  UPDATE run_event SET consumed_step = %(step)s, consumed_attempt = %(attempt)s, consumed_at = now() + %(shift)s
+   WHERE id = %(event_id)s AND run_id = %(run)s AND consumed_at IS NULL AND EXISTS (SELECT 1 FROM fence)
+  RETURNING 1),
+"""
+_BEGUN = """EXISTS (SELECT 1 FROM run_step
+                  WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')"""
+_NOT_BEGUN = """NOT EXISTS (SELECT 1 FROM run_step WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s)"""
+_COMPLETE_WAIT = {
+    True: _COMPLETE_WAIT_HEAD.format(attempt=_BEGUN) + """done AS (
+  UPDATE run_step SET status = 'completed', result = %(result)s::jsonb, finished_at = now() + %(shift)s,
+         resolution = %(resolution)s
+   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started'
+     AND EXISTS (SELECT 1 FROM fence)
+  RETURNING 1)
+SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM done), (SELECT count(*) FROM used)
+""",
+    False: _COMPLETE_WAIT_HEAD.format(attempt=_NOT_BEGUN) + """done AS (
+  INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, finished_at, result,
+                        error, resolution, owner, epoch, loop_cursor, progress)
+  SELECT run_id, %(step)s, %(attempt)s, 'completed', %(key)s, now() + %(shift)s, NULL, now() + %(shift)s,
+         %(result)s::jsonb, '', %(resolution)s, %(owner)s, %(epoch)s, 0, '{}'::jsonb
+    FROM fence
+  RETURNING 1)
+SELECT (SELECT count(*) FROM fence), (SELECT count(*) FROM done), (SELECT count(*) FROM used)
+""",
+}
+
+# An event sent to a run (store.record_event, in a transaction that holds the run's row): inserted unless the run
+# has one with its key already, and a run waiting for an event of its name made due at once, waking idle workers
+# when the transaction commits. Its times are the statement's: the caller's transaction may have begun long ago.
+_RECORD_EVENT = """
+WITH sent AS (
+  INSERT INTO run_event (run_id, event, key, payload, sent_at, consumed_step)
+  VALUES (%(run)s, %(event)s, %(key)s, %(payload)s::jsonb, statement_timestamp() + %(shift)s, '')
+  ON CONFLICT (run_id, key) WHERE key IS NOT NULL DO NOTHING
+  RETURNING id),
+woke AS (
+  UPDATE run_state SET wake_at = statement_timestamp() + %(shift)s
+   WHERE run_id = %(run)s AND status = 'waiting' AND EXISTS (SELECT 1 FROM sent)
+     AND EXISTS (SELECT 1 FROM run_step
+                  WHERE run_id = %(run)s AND status = 'started' AND progress -> 'event' = to_jsonb(%(event)s::text))
+  RETURNING 1)
+SELECT (SELECT count(*) FROM sent), (SELECT count(pg_notify('""" + WAKE_CHANNEL + """', '')) FROM woke)
+"""
+
+# What a wait_for asks as it is worked (engine): the database's now and the oldest event of its name not consumed.
+_NOW_AND_OLDEST_EVENT = """
+SELECT clock_timestamp() + %(shift)s, e.id, e.payload
+  FROM (VALUES (1)) AS one
+  LEFT JOIN LATERAL (SELECT id, payload FROM run_event
+                      WHERE run_id = %(run)s AND event = %(event)s AND consumed_at IS NULL
+                      ORDER BY sent_at, id LIMIT 1) e ON true
+"""
+
 # A heartbeat: the lease runs on from the database's now, and the attempt in hand (started under this epoch)
 # records that its process was alive then and the lease it now holds: a worker lost after this renewal may still
 # have made its call at any moment until that lease ran out (policies.last_call_bound).
@@ -684,3 +753,28 @@ def renew(*, run: str, epoch: int, times: Times) -> bool:
     """Extend a running run's lease from the database's now and mark its attempt in hand alive; False if the
     epoch is stale or the run is no longer running."""
     return int(_one(_RENEW, {"run": run, "epoch": epoch, **times})[0]) == 1
+
+
+def complete_wait(*, run: str, epoch: int, owner: str, times: Times, cursor: int, step: str, attempt: int,
+                  begun: bool, key: str, result: str, resolution: str, event_id: int | None) -> bool:
+    """Complete the wait `step` (its started attempt if `begun`, else a completed attempt inserted), move the
+    cursor past it and consume the event `event_id` (None: none), in one statement; False if fenced out (a stale
+    epoch, the attempt no longer as expected, or the event consumed already), when nothing is recorded."""
+    row = _one(_COMPLETE_WAIT[begun], {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, "step": step,
+                                       "attempt": attempt, "key": key, "result": result, "resolution": resolution,
+                                       "event_id": event_id, **times})
+    return row is not None and row[0] == 1 and row[1] == 1 and row[2] == (0 if event_id is None else 1)
+
+
+def record_event(*, run: str, event: str, key: str | None, payload: str, shift: timedelta) -> bool:
+    """Insert an event (`payload` as JSON text) into the caller's transaction, which holds the run's row, and make
+    the run due if it waits for one of that name; False (nothing written) if the run has an event with `key`."""
+    row = _one(_RECORD_EVENT, {"run": run, "event": event, "key": key, "payload": payload, "shift": shift})
+    return bool(row[0])
+
+
+def now_and_oldest_event(*, run: str, event: str, shift: timedelta) -> tuple[datetime, tuple[int, Any] | None]:
+    """The database's now (moved by `shift`) and the oldest event of that name the run has not consumed, as
+    (id, payload) or None: one round trip."""
+    now, event_id, payload = _one(_NOW_AND_OLDEST_EVENT, {"run": run, "event": event, "shift": shift})
+    return now, None if event_id is None else (event_id, payload)

@@ -24,7 +24,7 @@ from django.utils import timezone as django_timezone
 
 from durableruns import conf, pgsql, signals
 from durableruns.boundary import StepAttempt, compute_boundary
-from durableruns.clock import Clock
+from durableruns.clock import Clock, as_django
 from durableruns.errors import (
     AlreadyDecided,
     ApprovalNotFound,
@@ -1177,6 +1177,13 @@ def complete_wait(lease: Lease, *, step: str, attempt: int, begun: bool, effect_
     """Complete the wait `step` with `result` (inserting its attempt if it never began), and consume the event
     `event_id` for it: one commit, so an event is consumed exactly when a wait completes with it."""
     encoded = to_json(result, what=f"the result of {step}")
+    if _fast():
+        if not pgsql.complete_wait(run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=_times(lease, clock),
+                                   cursor=cursor, step=step, attempt=attempt, begun=begun, key=effect_key,
+                                   result=encoded, resolution=resolution, event_id=event_id):
+            raise FencedOut(f"stale epoch, attempt {attempt} of {step} not as it was, or event {event_id} consumed "
+                            f"already", run_id=lease.run_id, epoch=lease.epoch)
+        return
     with transaction.atomic(using=conf.database(), durable=True):
         _fence(lease, clock, cursor=cursor)
         if begun:
@@ -1193,11 +1200,16 @@ def complete_wait(lease: Lease, *, step: str, attempt: int, begun: bool, effect_
             raise FencedOut(f"event {event_id} was consumed already", run_id=lease.run_id, epoch=lease.epoch)
 
 
-def oldest_event(run_id: str, event: str) -> tuple[int, dict[str, Any]] | None:
-    """The oldest event of that name sent to the run and not consumed: (id, payload), or None."""
+def now_and_oldest_event(run_id: str, event: str, clock: Clock = DATABASE
+                         ) -> tuple[datetime, tuple[int, dict[str, Any]] | None]:
+    """The database's now and the oldest event of that name sent to the run and not consumed, as (id, payload) or
+    None: one round trip on PostgreSQL."""
+    if connections[conf.database()].vendor == "postgresql":
+        now, row = pgsql.now_and_oldest_event(run=run_id, event=event, shift=clock.shift)
+        return as_django(now), None if row is None else (row[0], _decoded(row[1]) or {})
     row = (RunEvent.objects.filter(run_id=run_id, event=event, consumed_at__isnull=True)
            .order_by("sent_at", "id").values_list("id", "payload").first())
-    return None if row is None else (row[0], row[1] or {})
+    return clock.now(), None if row is None else (row[0], row[1] or {})
 
 
 ENDED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
@@ -1210,7 +1222,7 @@ def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str |
 
     Inside the caller's transaction it joins it (behind a savepoint, so a duplicate key does not break it): the
     event exists exactly when the caller's records do, and wakes nobody if they roll back."""
-    to_json(payload, what="the payload")
+    encoded = to_json(payload, what="the payload")
     alias = conf.database()
     with transaction.atomic(using=alias, durable=not connections[alias].in_atomic_block):
         status = (RunState.objects.select_for_update().filter(pk=run_id)
@@ -1219,6 +1231,8 @@ def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str |
             raise RunNotFound(run_id=run_id)
         if status in ENDED:
             raise RunNotActionable(f"the run is {status}: it waits for nothing", run_id=run_id, status=status)
+        if connections[alias].vendor == "postgresql":  # one statement: ON CONFLICT keeps the transaction whole
+            return pgsql.record_event(run=run_id, event=event, key=key, payload=encoded, shift=clock.shift)
         if key is not None and RunEvent.objects.filter(run_id=run_id, key=key).exists():
             return False
         try:

@@ -12,11 +12,12 @@ import pytest
 from django.db import transaction
 
 import durableruns
-from durableruns import Workflow, services
+from durableruns import Workflow, services, store
 from durableruns.clock import Clock
 from durableruns.errors import (
     AlreadyDecided,
     ApprovalNotFound,
+    FencedOut,
     InvalidInput,
     RunNotActionable,
     RunNotFound,
@@ -124,6 +125,36 @@ def test_an_event_the_run_does_not_wait_for_completes_nothing_and_wakes_nothing(
     assert run(run_id).wake_at == wake_at and run(run_id).status == RunStatus.WAITING
     resume()
     assert rows(run_id, "signal")[0].status == "started"
+
+
+@pytest.mark.parametrize("begun", [True, False], ids=["begun", "reached-with-the-event-there"])
+def test_a_completion_whose_event_was_consumed_meanwhile_records_nothing(begun):
+    """The wait's result, the moved cursor and the event's consumption are one commit: the event gone, none is
+    recorded (FencedOut), whether the wait had begun or completes as it is reached."""
+    run_id = durableruns.start("waits_continue", {})
+    if begun:
+        resume()  # the wait begins: its started attempt
+    assert durableruns.send(run_id, "go", {"n": 1})
+    claimed = store.claim(owner="test", lease_seconds=30, run_id=run_id)
+    assert claimed is not None
+    before = run(run_id).cursor
+    _now, (event_id, payload) = store.now_and_oldest_event(run_id, "go")
+    assert payload == {"n": 1}
+    RunEvent.objects.filter(pk=event_id).update(consumed_step="elsewhere", consumed_attempt=1,
+                                                consumed_at=Clock().now())
+    with pytest.raises(FencedOut):
+        store.complete_wait(claimed.lease, step="signal", attempt=1, begun=begun, effect_key=f"{run_id}:signal",
+                            result=payload, resolution=Resolution.EVENT, cursor=1, event_id=event_id)
+    assert [(r.status, r.result) for r in rows(run_id, "signal")] == ([("started", None)] if begun else [])
+    assert run(run_id).cursor == before
+    assert RunEvent.objects.get(pk=event_id).consumed_step == "elsewhere"
+    # with the event there, the same completion records all three
+    RunEvent.objects.filter(pk=event_id).update(consumed_step="", consumed_attempt=None, consumed_at=None)
+    store.complete_wait(claimed.lease, step="signal", attempt=1, begun=begun, effect_key=f"{run_id}:signal",
+                        result=payload, resolution=Resolution.EVENT, cursor=1, event_id=event_id)
+    assert [(r.status, r.result) for r in rows(run_id, "signal")] == [("completed", {"n": 1})]
+    assert run(run_id).cursor == 1
+    assert RunEvent.objects.get(pk=event_id).consumed_step == "signal"
 
 
 def test_a_key_records_an_event_once():
