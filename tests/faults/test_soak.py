@@ -1,4 +1,4 @@
-"""The soak: 200 purchase orders, two workers at once, each SIGKILLed at random moments again and again.
+"""The soak: 200 purchase orders (more if they drain before enough kills), two workers at once, each SIGKILLed at
 
 Every kill is followed by a restart, as a supervisor would do; the far systems add a little latency and lose
 one reply in a hundred (the effect happened, the caller never heard), so runs are left in doubt both by
@@ -54,6 +54,8 @@ KILLING_FOR = 90.0  # seconds of random kills at most; then the survivors finish
 SETTLED = {RunStatus.COMPLETED, RunStatus.CANCELLED}
 WAITS = 20  # runs that wait for an event the soak sends
 MIN_LIFE = 1.5  # seconds a worker lives at least before the soak may kill it
+MIN_KILLS = 10  # the kills the soak makes at least: on a fast machine the orders would drain before them
+TOP_UP_BELOW, TOP_UP = 10, 20  # so, while it has not, fewer than 10 orders left bring 20 more
 CANCELLED_EVERY = 10  # staff cancel runs 5, 15, 25, ... a third of the way into the kills
 
 
@@ -120,10 +122,15 @@ def test_a_short_soak_through_pgbouncer_leaves_one_effect_per_key(
 def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, workers: Workers, folder: Path,
          route: dict[str, str] | None = None, waits: int = 0) -> dict[str, int]:
     """Start `runs` orders and `waits` runs that wait for a supplier's confirmation, kill two workers at random
-    for up to `killing_for` seconds (sending confirmations meanwhile), let the survivors finish, and check the
-    record and the ledgers; return the counts. `route` (DATABASE_URL): how the workers connect."""
+    for up to `killing_for` seconds (sending confirmations meanwhile, and more orders while the orders left run
+    low before MIN_KILLS kills), let the survivors finish, and check the record and the ledgers; return the
+    counts. `route` (DATABASE_URL): how the workers connect."""
     tmp_path = folder
-    run_ids = [start_purchase(f"PO-soak-{i:03d}", 1000 + i, lines=LINES) for i in range(runs)]
+
+    def orders(first: int, count: int) -> list[str]:
+        return [start_purchase(f"PO-soak-{i:03d}", 1000 + i, lines=LINES) for i in range(first, first + count)]
+
+    run_ids = orders(0, runs)
     waiting = [durableruns.start("waiting", {"total": 5, "cool_off": 0.3}, run_id=f"WAIT-soak-{i:02d}")
                for i in range(waits)]
     # The workers load the probe, and tests.workflows where `waiting` is declared when there are waiting runs.
@@ -146,7 +153,9 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     cancelled: set[str] = set()
     began = time.monotonic()
     cancel_at = killing_for / 30
-    while active() and time.monotonic() - began < killing_for:
+    while time.monotonic() - began < killing_for and (kills < MIN_KILLS or active()):
+        if kills < MIN_KILLS and active() < TOP_UP_BELOW:
+            run_ids += orders(len(run_ids), TOP_UP)
         abandoned |= abandon_waiting()
         confirm_some(waiting, rng)
         if cancel_at is not None and time.monotonic() - began >= cancel_at:
@@ -182,7 +191,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
 
     # Every run completed, or was cancelled or abandoned by staff and gave back what it held; nobody waits.
     status = Counter(RunState.objects.values_list("status", flat=True))
-    assert set(status) <= SETTLED and sum(status.values()) == runs + waits, status
+    assert set(status) <= SETTLED and sum(status.values()) == len(run_ids) + waits, status
     unfinished = set(RunState.objects.filter(status=RunStatus.CANCELLED).values_list("run_id", flat=True))
     finished = [run_id for run_id in run_ids if run_id not in unfinished]
     assert Escalation.objects.open().count() == 0
@@ -250,13 +259,13 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     # The soak did what it says: workers died, and runs were really left in doubt and settled.
     left_in_doubt = RunStep.objects.filter(status="started").count()
     by_lookup = RunStep.objects.filter(resolution="lookup").count()
-    assert kills >= 10 and left_in_doubt + by_lookup > 0
+    assert kills >= MIN_KILLS and left_in_doubt + by_lookup > 0
     # Each run staff cancelled or abandoned ended cancelled, and no other run did.
     assert cancelled and not cancelled & abandoned and unfinished == cancelled | abandoned, {
         run_id: (RunState.objects.get(pk=run_id).status, run_id in cancelled, run_id in abandoned,
                  list(Intervention.objects.filter(run_id=run_id).values_list("action", "step", "decided_at")))
         for run_id in unfinished ^ (cancelled | abandoned) | cancelled & abandoned}
-    return {"runs": runs, "waiting runs": waits, "kills": kills, "effects": total_effects(far),
+    return {"runs": len(run_ids), "waiting runs": waits, "kills": kills, "effects": total_effects(far),
             "duplicates": sum(map(len, duplicates(far).values())),
             "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
             "cancelled": len(cancelled), "abandoned": len(abandoned), "reservations released": len(releases),
