@@ -6,8 +6,11 @@ them, and reads their results; the carrier's ledger shows a doubled child or boo
 
 from __future__ import annotations
 
+from io import StringIO
+
 import pytest
 from django.contrib.admin.utils import quote
+from django.core.management import call_command
 
 import durableruns
 from durableruns import services, store
@@ -166,3 +169,18 @@ def test_the_admin_and_the_api_show_a_runs_parent_and_children(far: FarSystems, 
                                   {"run_id": south, "workflow": "booking", "status": "pending"}]
     assert admin_client.get(f"/api/runs/{north}/").json()["parent"] == {
         "run_id": run_id, "workflow": "shipping", "status": "waiting"}
+
+
+def test_show_run_lists_a_runs_children_and_names_a_childs_parent(far: FarSystems) -> None:
+    run_id = durableruns.start("shipping", warehouses("north", "south"), run_id="ship-told")
+    services.resume_due(run_id=run_id)  # the children exist, pending; the parent waits at its join
+    north, south = (child_run_id(run_id, "book_warehouses", n) for n in ("north", "south"))
+
+    def shown(run: str) -> str:
+        out = StringIO()
+        call_command("show_run", run, stdout=out)
+        return out.getvalue()
+
+    assert f"children (2):\n  {north} (booking): pending\n  {south} (booking): pending\n" in shown(run_id)
+    assert f"  child of {run_id} (shipping: waiting)\n" in shown(north)
+    assert "children" not in shown(north) and "child of" not in shown(run_id)

@@ -11,7 +11,7 @@ from django.utils import timezone
 from durableruns import services
 from durableruns.errors import RunNotFound
 from durableruns.holdings import lapse_phrase
-from durableruns.models import RunEvent, RunStep
+from durableruns.models import RunEvent, RunState, RunStep
 
 
 class Command(BaseCommand):
@@ -32,6 +32,9 @@ class Command(BaseCommand):
         plan = services.run_plan(run)  # the plan the run started under, whatever this deploy has
         described = plan.describe() if plan else "not recorded"
         self.stdout.write(f"  plan {run.plan_fingerprint}: {described}")
+        if run.parent_id:
+            parent = RunState.objects.filter(pk=run.parent_id).values_list("workflow", "status").first()
+            self.stdout.write(f"  child of {run.parent_id} ({': '.join(parent) if parent else 'deleted'})")
         if run.reason:
             self.stdout.write(f"  reason: {run.reason}")
         if run.wake_at:
@@ -71,6 +74,11 @@ class Command(BaseCommand):
                         if e.consumed_at else "kept: no wait has consumed it")
             self.stdout.write(f"  {e.event:<20} sent={_clock(e.sent_at, tz)} key={e.key or '-'} {consumed}"
                               f"\n      payload: {json.dumps(e.payload, sort_keys=True)}")
+        children = list(RunState.objects.children_of(run.run_id).values_list("run_id", "workflow", "status"))
+        if children:
+            self.stdout.write(f"children ({len(children)}):")
+        for child, workflow, status in children:
+            self.stdout.write(f"  {child} ({workflow}): {status}")
 
 
 def _clock(when: Any, tz: Any) -> str:
