@@ -484,6 +484,7 @@ class RunStateAdmin(ReadOnlyRecord):
     fieldsets = (
         (None, {"fields": (("run_id", "workflow"), ("status_badge", "cursor"), "reason")}),
         ("Ownership", {"fields": (("owner", "epoch"), ("lease_expires_at", "wake_at"))}),
+        ("Queue and limit", {"fields": (("queue", "priority"), "concurrency_key")}),
         ("Record", {"fields": (("created_at", "updated_at"), "plan_fingerprint", "input_json")}),
     )
 

@@ -143,6 +143,13 @@ def test_the_run_page_shows_the_boundary_in_plan_order_and_every_attempt(far, as
     assert response.context["attempt_count"] == 8
 
 
+def test_the_run_page_shows_the_runs_queue_priority_and_concurrency_key(as_viewer: Client):
+    run_id = services.start_run("keyed", {"buyer": "acme-buyer"}, priority=7, queue="bulk-queue")
+    page = as_viewer.get(run_page(run_id)).content.decode()
+    assert "Queue and limit" in page
+    assert all(f'<div class="readonly">{value}</div>' in page for value in ("bulk-queue", "7", "acme-buyer"))
+
+
 def test_the_run_page_lists_failed_attempts_errors_and_staff_actions(as_operator: Client):
     run_id = failed("run-f")
     services.retry_run(run_id, by="bob", note="the vendor fixed the card")

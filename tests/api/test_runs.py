@@ -299,3 +299,11 @@ def test_a_run_id_with_a_slash_is_reachable(client_for, starter):
     )
     response = client.get("/api/runs/acme/po-1/")
     assert response.status_code == 200 and response.json()["run_id"] == "acme/po-1"
+
+
+def test_the_detail_says_the_runs_queue_priority_and_concurrency_key(client_for, reader):
+    run_id = services.start_run("keyed", {"buyer": "acme"}, priority=5, queue="bulk")
+    body = client_for(reader).get(f"/api/runs/{run_id}/").json()
+    assert (body["queue"], body["priority"], body["concurrency_key"]) == ("bulk", 5, "acme")
+    plain = client_for(reader).get(f"/api/runs/{make_run()}/").json()
+    assert (plain["queue"], plain["priority"], plain["concurrency_key"]) == ("default", 0, None)
