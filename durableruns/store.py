@@ -24,7 +24,7 @@ from django.utils import timezone as django_timezone
 
 from durableruns import conf, pgsql, signals
 from durableruns.boundary import StepAttempt, compute_boundary
-from durableruns.clock import Clock, as_django
+from durableruns.clock import Clock, as_django, on_postgresql
 from durableruns.errors import (
     AlreadyDecided,
     ApprovalNotFound,
@@ -541,11 +541,15 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
             if skip:
                 candidates = candidates.exclude(pk__in=list(skip))
         else:
-            candidates = (RunState.objects.filter(pk=run_id).takeable(clock.expression()).within_limits(limits())
-                          .select_for_update(skip_locked=True))
+            candidates = RunState.objects.filter(pk=run_id).takeable(clock.expression())
+            if not on_postgresql():  # PostgreSQL admits it under its key's lock, below
+                candidates = candidates.within_limits(limits())
+            candidates = candidates.select_for_update(skip_locked=True)
         row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending",
-                                "trace_context").first()
+                                "trace_context", "status", "concurrency_key").first()
         if row is None:
+            return None
+        if run_id is not None and on_postgresql() and not _admitted(row):
             return None
         # Conditional on the epoch read: on a database without row locks (SQLite) this is what keeps two
         # workers from both taking the run.
@@ -567,6 +571,21 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         ending=row["ending"] or "",
         trace_context=row["trace_context"],
     )
+
+
+def _admitted(row: dict[str, Any]) -> bool:
+    """Whether a run named to a claim (resume_runs --run-id) may be taken under its concurrency limit: decided as
+    every PostgreSQL claim decides it (durableruns_admit, under its (workflow, key)'s lock, counting with a
+    snapshot taken after the lock), so two claims at once never both take the last slot. A running run keeps
+    its slot; a run refused is left as it is, for a later claim."""
+    bound = limits().get(row["workflow"])
+    if bound is None or row["concurrency_key"] is None or row["status"] == RunStatus.RUNNING:
+        return True
+    with connections[conf.database()].cursor() as cursor:
+        cursor.execute("SELECT durableruns_admit(%s, %s, %s, %s)",
+                       [row["workflow"], row["concurrency_key"], bound, row["run_id"]])
+        (admitted,) = cursor.fetchone()
+    return bool(admitted)
 
 
 def renew(lease: Lease, *, clock: Clock = DATABASE) -> None:

@@ -133,6 +133,48 @@ def test_a_key_limit_holds_one_run_per_key_at_once():
 
 
 @pytest.mark.postgres
+def test_a_run_named_to_a_claim_waits_for_a_claim_of_its_key_in_flight_and_is_refused_after_it():
+    """resume_runs --run-id takes a limited run as every claim does, under its key's lock: while another claim of
+    the key holds the last slot uncommitted, the named claim waits for it, then counts it and takes nothing."""
+    from durableruns.registry import first_steps
+
+    a1, a2 = durableruns.start("keyed", {"buyer": "a"}), durableruns.start("keyed", {"buyer": "a"})
+    in_flight, go_on = threading.Event(), threading.Event()
+    taken: dict[str, object] = {}
+
+    def hold(_step: str) -> None:  # the first claim's transaction stays open here: a1 admitted, not committed
+        in_flight.set()
+        go_on.wait(10)
+
+    def first() -> None:
+        try:
+            taken["first"] = store.claim(owner="first", lease_seconds=30, first_steps=first_steps(),
+                                         before_first_intent=hold)
+        finally:
+            connection.close()
+
+    def named() -> None:
+        try:
+            taken["named"] = store.claim(owner="named", lease_seconds=30, run_id=a2)
+        finally:
+            connection.close()
+
+    claims = [threading.Thread(target=first)]
+    claims[0].start()
+    assert in_flight.wait(10)
+    claims.append(threading.Thread(target=named))
+    claims[1].start()
+    claims[1].join(0.5)
+    assert claims[1].is_alive()  # waiting for the key's lock, not counting without it
+    go_on.set()
+    for thread in claims:
+        thread.join(10)
+    assert taken["first"].lease.run_id == a1 and taken["named"] is None
+    assert RunState.objects.get(pk=a2).status != RunStatus.RUNNING
+    assert RunState.objects.filter(workflow="keyed", status=RunStatus.RUNNING).count() == 1
+
+
+@pytest.mark.postgres
 def test_a_limit_raised_by_a_deploy_fills_up_as_runs_are_let_go(monkeypatch):
     from durableruns import registry
 
