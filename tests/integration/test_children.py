@@ -6,14 +6,17 @@ them, and reads their results; the carrier's ledger shows a doubled child or boo
 
 from __future__ import annotations
 
+import threading
+import time
 from io import StringIO
 
 import pytest
 from django.contrib.admin.utils import quote
 from django.core.management import call_command
+from django.db import connection
 
 import durableruns
-from durableruns import services, store
+from durableruns import services, store, testing
 from durableruns.children import child_run_id
 from durableruns.clock import Clock
 from durableruns.errors import InvalidInput
@@ -184,3 +187,63 @@ def test_show_run_lists_a_runs_children_and_names_a_childs_parent(far: FarSystem
     assert f"children (2):\n  {north} (booking): pending\n  {south} (booking): pending\n" in shown(run_id)
     assert f"  child of {run_id} (shipping: waiting)\n" in shown(north)
     assert "children" not in shown(north) and "child of" not in shown(run_id)
+
+
+@pytest.mark.postgres
+def test_two_last_children_ending_at_once_still_wake_their_parent_at_once(far: FarSystems) -> None:
+    """Two last children end at the same moment: each end's statement sees the other still running, so neither
+    wakes the parent in its own statement. The one that commits last asks again after its commit, with a snapshot
+    taken then, and wakes it: the parent is due at once, not at its join's recheck a minute later.
+
+    Forced: child B's last statement starts (its snapshot taken) and waits on B's row, locked by another session;
+    meanwhile child A ends and commits; then B's statement goes on, seeing A as its snapshot had it, running."""
+    import psycopg
+
+    from durableruns.connections import plain_params
+
+    run_id = durableruns.start("shipping", warehouses("north", "south"), run_id="ship-race")
+    services.resume_due(run_id=run_id)  # the children exist, pending; the parent waits at its join
+    a, b = (child_run_id(run_id, "book_warehouses", n) for n in ("north", "south"))
+    b_at_its_end, row_locked = threading.Event(), threading.Event()
+
+    def hook(point: str, step: str) -> None:
+        if threading.current_thread().name == "child-b" and (point, step) == ("after_return", "confirm_booking"):
+            b_at_its_end.set()
+            row_locked.wait(10)
+
+    def work_b() -> None:
+        try:
+            services.resume_due(run_id=b)
+        finally:
+            connection.close()
+
+    testing.arm(hook)
+    try:
+        with psycopg.connect(**plain_params("default")) as blocker:
+            child_b = threading.Thread(target=work_b, name="child-b")
+            child_b.start()
+            assert b_at_its_end.wait(30)
+            blocker.execute("SELECT 1 FROM run_state WHERE run_id = %s FOR UPDATE", [b])  # held until commit
+            row_locked.set()
+            waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s "
+                       "AND datname = current_database()")
+            deadline = time.monotonic() + 10
+            with psycopg.connect(**plain_params("default"), autocommit=True) as watcher:
+                while watcher.execute(waiting, [blocker.info.backend_pid]).fetchone()[0] < 1:
+                    assert time.monotonic() < deadline, "child B's last statement never waited on its row"
+                    time.sleep(0.01)
+            services.resume_due(run_id=a)  # A ends and commits while B's statement waits
+            assert status(a) == RunStatus.COMPLETED
+            parent = RunState.objects.get(pk=run_id)
+            assert parent.wake_at > Clock().now()  # A saw B running, before and after its commit: no wake yet
+            blocker.commit()  # B's statement goes on
+            child_b.join(30)
+    finally:
+        testing.arm(None)
+    assert status(b) == RunStatus.COMPLETED
+    parent = RunState.objects.get(pk=run_id)
+    assert parent.status == RunStatus.WAITING and parent.wake_at <= Clock().now()  # due now, not at the recheck
+    services.resume_due(run_id=run_id)
+    assert status(run_id) == RunStatus.COMPLETED
+    (joined,) = RunStep.objects.filter(run_id=run_id, step="bookings")
+    assert {child: r["status"] for child, r in joined.result.items()} == {a: "completed", b: "completed"}
