@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
+from django.db import connections
 from django.db.models import Case, Count, DateTimeField, F, Min, When
 
 from durableruns import conf
@@ -148,7 +149,53 @@ def check(*, limits: dict[str, Thresholds] | None = None, clock: Clock | None = 
     report.problems.extend(check_skew(skew, chosen["skew"]))
     report.problems.extend(check_workers(now, chosen["skew"]))
     report.problems.extend(check_replication())
+    report.problems.extend(check_triggers())
     return report
+
+
+# The triggers on run_state the record relies on (migrations 0018 and 0019), by database, and what stops without
+# each. A restore that left them out (a data-only dump, a table copied by hand) or a trigger disabled leaves the
+# runs moving while these quietly stop: the check names them.
+TRIGGERS = {
+    "run_state_count_insert": "the finished runs' counts (metrics, dashboard)",
+    "run_state_count_update": "the finished runs' counts (metrics, dashboard)",
+    "run_state_count_delete": "the finished runs' counts after a prune",
+    "run_state_count_truncate": "the finished runs' counts after a TRUNCATE",
+    "run_state_slot_freed": "letting parked runs go when a slot of their concurrency limit frees: they stay parked",
+    "run_state_ended": "durableruns.result() hearing that a run ended: it waits out its timeout",
+}
+SQLITE_TRIGGERS = ("run_state_count_insert", "run_state_count_update")
+
+
+def check_triggers() -> list[Problem]:
+    """Critical when a trigger the record relies on is missing from run_state, or disabled."""
+    db = connections[conf.database()]
+    with db.cursor() as cursor:
+        if db.vendor == "postgresql":
+            cursor.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'run_state'::regclass AND NOT tgisinternal "
+                "AND tgenabled <> 'D'"
+            )
+            expected: tuple[str, ...] = tuple(TRIGGERS)
+        elif db.vendor == "sqlite":
+            cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'run_state'")
+            expected = SQLITE_TRIGGERS
+        else:
+            return []
+        present = {name for (name,) in cursor.fetchall()}
+    missing = [name for name in expected if name not in present]
+    if not missing:
+        return []
+    stopped = "; ".join(f"{name}: {TRIGGERS[name]}" for name in missing)
+    return [
+        Problem(
+            check="triggers",
+            level=Level.CRITICAL,
+            count=len(missing),
+            message=f"{len(missing)} trigger(s) on run_state missing or disabled, so these stopped: "
+            f"{stopped}. Restore them from the schema (migrations 0018 and 0019)",
+        )
+    ]
 
 
 def check_replication() -> list[Problem]:

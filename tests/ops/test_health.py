@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
+from importlib import import_module
 from io import StringIO
 from pathlib import Path
 
@@ -271,3 +272,30 @@ def test_every_kind_of_stop_is_named(settings):
     assert stop_kind(f"{REFUSED_MARK}DataError: value too long)") == "data_refused"
     assert stop_kind("the lookup of pay raised 3 times in a row, its budget of 3; ...") == "lookup_budget"
     assert stop_kind("something else") == "other"
+
+
+def test_a_trigger_missing_or_disabled_is_critical_and_named():
+    """Triggers the record relies on (the finished runs' counts; on PostgreSQL also letting parked runs go and
+    result()'s wake), missing after a restore or disabled by hand: critical, naming each and what stopped."""
+    counting = import_module("durableruns.migrations.0018_run_count")
+    postgres = connection.vendor == "postgresql"
+    with connection.cursor() as cursor:
+        if postgres:
+            cursor.execute("ALTER TABLE run_state DISABLE TRIGGER run_state_slot_freed")
+        else:
+            cursor.execute("DROP TRIGGER run_state_count_update")
+    try:
+        status, out = health()
+    finally:
+        with connection.cursor() as cursor:
+            if postgres:
+                cursor.execute("ALTER TABLE run_state ENABLE TRIGGER run_state_slot_freed")
+            else:
+                cursor.execute(counting.SQLITE_TRIGGERS[1])
+    assert status == 2
+    (line,) = [line for line in out.splitlines() if line.startswith("CRITICAL triggers:")]
+    if postgres:
+        assert "run_state_slot_freed: letting parked runs go" in line and "count_update" not in line
+    else:
+        assert "run_state_count_update: the finished runs' counts" in line and "count_insert" not in line
+    assert health()[0] == 0
