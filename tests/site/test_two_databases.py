@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,3 +166,32 @@ def test_staff_use_the_admin_and_the_api_on_runs_kept_in_another_database(staffe
     assert staffed["decided_by_user"] == "root"  # the intervention's user, read from "default"
     # The user deleted in "default": each staff act keeps who did it.
     assert staffed["interventions"] == [["cancel", staffed["user_id"]], ["happened", staffed["user_id"]]]
+
+
+def test_a_loop_worker_listens_on_the_runs_database_and_takes_a_new_run_at_once(
+    site: Site, worked: subprocess.CompletedProcess[str]
+):
+    """A --loop worker of the site LISTENs on the runs' alias (PostgreSQL; "default" is SQLite): a run started by
+    another process is taken on its commit's notification, long before the worker's 60 s poll."""
+    loop = subprocess.Popen(
+        [sys.executable, "manage.py", "resume_runs", "--loop", "--interval", "60"],
+        cwd=ROOT,
+        env=site.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert loop.stdout is not None
+        assert select.select([loop.stdout], [], [], 120)[0], "the worker wrote nothing in 120 s"
+        first = loop.stdout.readline()
+        assert "listening on durableruns_due" in first and "alias" not in first, first
+        started = time.monotonic()
+        assert site.steps("start_later")["start_later"] == {"run_id": "loop-1"}
+        while site.runs_query("SELECT status FROM run_state WHERE run_id = 'loop-1'") != [("completed",)]:
+            assert time.monotonic() - started < 30, "the new run was not taken at once"
+            time.sleep(0.05)
+    finally:
+        loop.send_signal(signal.SIGTERM)
+        _out, err = loop.communicate(timeout=60)
+    assert loop.returncode == 0 and "Traceback" not in err, err[-4000:]

@@ -1,7 +1,7 @@
 """What tests/site/test_two_databases.py does inside the two-database site (tests.site.two_databases), one process
-per call: `python -m tests.site.two_databases_steps STEP...` (migrate, start, staff), in the order given. It prints
-one JSON object, what each step found under its name, for the test to read back; the databases themselves are
-inspected by the test from outside.
+per call: `python -m tests.site.two_databases_steps STEP...` (migrate, start, staff, start_later), in the order
+given. It prints one JSON object, what each step found under its name, for the test to read back; the databases
+themselves are inspected by the test from outside.
 """
 
 from __future__ import annotations
@@ -133,9 +133,16 @@ def staff() -> dict[str, Any]:
     }
 
 
+def start_later() -> dict[str, Any]:
+    """Start one more run, for a --loop worker already listening (its pickup comes from this commit's NOTIFY)."""
+    import durableruns
+
+    return {"run_id": durableruns.start("scripted", {}, run_id="loop-1")}
+
+
 if __name__ == "__main__":
     import django
 
     django.setup()
-    steps = {"migrate": migrate, "start": start, "staff": staff}
+    steps = {"migrate": migrate, "start": start, "staff": staff, "start_later": start_later}
     print(json.dumps({name: steps[name]() for name in sys.argv[1:]}))
