@@ -763,7 +763,7 @@ def complete_wait(*, run: str, epoch: int, owner: str, times: Times, cursor: int
     row = _one(_COMPLETE_WAIT[begun], {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, "step": step,
                                        "attempt": attempt, "key": key, "result": result, "resolution": resolution,
                                        "event_id": event_id, **times})
-    return row is not None and row[0] == 1 and row[1] == 1 and row[2] == (0 if event_id is None else 1)
+    return bool(row[0] == 1 and row[1] == 1 and row[2] == (0 if event_id is None else 1))
 
 
 def record_event(*, run: str, event: str, key: str | None, payload: str, shift: timedelta) -> bool:
@@ -778,3 +778,13 @@ def now_and_oldest_event(*, run: str, event: str, shift: timedelta) -> tuple[dat
     (id, payload) or None: one round trip."""
     now, event_id, payload = _one(_NOW_AND_OLDEST_EVENT, {"run": run, "event": event, "shift": shift})
     return now, None if event_id is None else (event_id, payload)
+
+
+def admit(*, workflow: str, key: str, limit: int, run: str) -> bool:
+    """Whether `run` may take a slot of (workflow, key) under `limit`: durableruns_admit (migration 0019), which
+    counts under the key's lock with a snapshot taken after it, as every claim's statement does (_CLAIMED_LIMITED).
+    Called in the claiming transaction: the lock is held until it commits."""
+    with connections[conf.database()].cursor() as cursor:
+        cursor.execute("SELECT durableruns_admit(%s, %s, %s, %s)", [workflow, key, limit, run])
+        (admitted,) = cursor.fetchone()
+    return bool(admitted)

@@ -581,11 +581,7 @@ def _admitted(row: dict[str, Any]) -> bool:
     bound = limits().get(row["workflow"])
     if bound is None or row["concurrency_key"] is None or row["status"] == RunStatus.RUNNING:
         return True
-    with connections[conf.database()].cursor() as cursor:
-        cursor.execute("SELECT durableruns_admit(%s, %s, %s, %s)",
-                       [row["workflow"], row["concurrency_key"], bound, row["run_id"]])
-        (admitted,) = cursor.fetchone()
-    return bool(admitted)
+    return pgsql.admit(workflow=row["workflow"], key=row["concurrency_key"], limit=bound, run=row["run_id"])
 
 
 def renew(lease: Lease, *, clock: Clock = DATABASE) -> None:
@@ -1223,7 +1219,7 @@ def now_and_oldest_event(run_id: str, event: str, clock: Clock = DATABASE
                          ) -> tuple[datetime, tuple[int, dict[str, Any]] | None]:
     """The database's now and the oldest event of that name sent to the run and not consumed, as (id, payload) or
     None: one round trip on PostgreSQL."""
-    if connections[conf.database()].vendor == "postgresql":
+    if on_postgresql():
         now, row = pgsql.now_and_oldest_event(run=run_id, event=event, shift=clock.shift)
         return as_django(now), None if row is None else (row[0], _decoded(row[1]) or {})
     row = (RunEvent.objects.filter(run_id=run_id, event=event, consumed_at__isnull=True)
@@ -1239,8 +1235,9 @@ def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str |
     """Record an event for a run; False if the run has an event with `key` already (nothing changes). A run
     waiting for an event of that name is due at once, and idle workers are woken when this commits.
 
-    Inside the caller's transaction it joins it (behind a savepoint, so a duplicate key does not break it): the
-    event exists exactly when the caller's records do, and wakes nobody if they roll back."""
+    Inside the caller's transaction it joins it (a duplicate key does not break it: on PostgreSQL the insert is
+    ON CONFLICT DO NOTHING, elsewhere behind a savepoint): the event exists exactly when the caller's records do,
+    and wakes nobody if they roll back."""
     encoded = to_json(payload, what="the payload")
     alias = conf.database()
     with transaction.atomic(using=alias, durable=not connections[alias].in_atomic_block):
@@ -1250,7 +1247,7 @@ def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str |
             raise RunNotFound(run_id=run_id)
         if status in ENDED:
             raise RunNotActionable(f"the run is {status}: it waits for nothing", run_id=run_id, status=status)
-        if connections[alias].vendor == "postgresql":  # one statement: ON CONFLICT keeps the transaction whole
+        if on_postgresql():  # one statement: ON CONFLICT keeps the caller's transaction whole, no savepoint
             return pgsql.record_event(run=run_id, event=event, key=key, payload=encoded, shift=clock.shift)
         if key is not None and RunEvent.objects.filter(run_id=run_id, key=key).exists():
             return False

@@ -164,7 +164,7 @@ TRIGGERS = {
     "run_state_slot_freed": "letting parked runs go when a slot of their concurrency limit frees: they stay parked",
     "run_state_ended": "durableruns.result() hearing that a run ended: it waits out its timeout",
 }
-SQLITE_TRIGGERS = ("run_state_count_insert", "run_state_count_update")
+SQLITE_TRIGGER_NAMES = ("run_state_count_insert", "run_state_count_update")  # SQLite keeps the counts only
 
 
 def check_triggers() -> list[Problem]:
@@ -179,7 +179,7 @@ def check_triggers() -> list[Problem]:
             expected: tuple[str, ...] = tuple(TRIGGERS)
         elif db.vendor == "sqlite":
             cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'run_state'")
-            expected = SQLITE_TRIGGERS
+            expected = SQLITE_TRIGGER_NAMES
         else:
             return []
         present = {name for (name,) in cursor.fetchall()}
