@@ -21,6 +21,7 @@ from durableruns.boundary import Boundary, compute_boundary
 from durableruns.clock import Clock, on_postgresql
 from durableruns.engine import RunOutcome, step_timeout, tracing_in_use
 from durableruns.errors import (
+    ApprovalNotFound,
     EscalationNotFound,
     InvalidDecision,
     InvalidInput,
@@ -34,7 +35,7 @@ from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunS
 from durableruns.plans import Plan, lacking
 from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
 from durableruns.registry import Step, get_workflow, workflows
-from durableruns.waits import KINDS
+from durableruns.waits import KINDS, Kind
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
@@ -463,7 +464,15 @@ def decide_approval(run_id: str, step: str, *, approved: bool, by: Any, note: st
         raise InvalidDecision("an approval's decision takes no result: approve or reject, with a note")
     if not isinstance(note, str):
         raise InvalidDecision("the note must be text")
-    get_run(run_id)
+    run = get_run(run_id)
+    # Only an approval the run's own plan declares can be approved: an escalated step's attempt is started too,
+    # and an approver (who may not settle escalations) must not move it on by "approving" it.
+    plan = run_plan(run)
+    declared = get_workflow(run.workflow).get(step) if plan is None and run.workflow in workflows() else None
+    kind = plan.policy(step) if plan is not None else (declared.kind if declared is not None else None)
+    if kind != Kind.APPROVAL:
+        raise ApprovalNotFound(f"run {run_id} has no approval {step}: its plan does not declare one",
+                               run_id=run_id, step=step)
     return store.record_approval(run_id, step=step, approved=approved, decided_by=decided_by, user_id=user_id,
                                  note=store.storable(note.strip(), limit=2000))
 

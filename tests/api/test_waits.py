@@ -8,7 +8,7 @@ import pytest
 import durableruns
 from durableruns import services
 from durableruns.models import Intervention, RunEvent, RunState, RunStatus
-from tests.api.conftest import READ, user_with
+from tests.api.conftest import READ, escalated_run, user_with
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,3 +105,20 @@ def test_a_get_of_a_path_ending_in_events_reads_the_run_of_that_id(client_for, r
     durableruns.start("waits_continue", {}, run_id="odd/events")
     response = client_for(reader).get("/api/runs/odd/events/")
     assert response.status_code == 200 and response.json()["run_id"] == "odd/events"
+
+
+def test_an_approver_cannot_approve_a_step_that_is_not_an_approval(client_for, approver):
+    """An escalated step's attempt is started like an approval's: approving it would record an approval that never
+    existed and move the needs_decision run on. It is a 404, and nothing is recorded."""
+    escalation = escalated_run(run_id="po-escalated")
+    before = RunState.objects.get(pk=escalation.run_id)
+    assert before.status == RunStatus.NEEDS_DECISION
+    body = {"step": escalation.step, "outcome": "approve", "note": "looks fine"}
+    response = client_for(approver).post(url(escalation.run_id, "decide"), body, format="json")
+    assert response.status_code == 404 and response.json()["code"] == "approval_not_found", response.content
+    after = RunState.objects.get(pk=escalation.run_id)
+    assert (after.status, after.reason) == (before.status, before.reason)
+    assert not Intervention.objects.filter(run_id=escalation.run_id).exists()
+    with pytest.raises(durableruns.errors.ApprovalNotFound):
+        durableruns.decide(escalation.run_id, escalation.step, "reject", by=approver, note="no")
+    assert not Intervention.objects.filter(run_id=escalation.run_id).exists()
