@@ -109,7 +109,7 @@ def connect(dbname: str = BENCH_DB, *, prepared: bool = False) -> psycopg.Connec
     Django uses client-side binding cursors (``ClientCursor``) unless
     ``server_side_binding`` is set, ``prepare_threshold=None`` and sets the
     session time zone to UTC when it differs. With ``prepared``, the settings
-    of durableruns' PostgreSQL hot path instead (durableruns.pgsql): server-side
+    of durableruns' PostgreSQL hot path instead (durableruns.store.sql): server-side
     binding, every statement prepared, plans left to PostgreSQL (reused once a
     generic one does as well).
     """

@@ -91,16 +91,16 @@ def _workload(schema: str, *, claims: int, limited: bool) -> Any:
         app.execute(f"SET search_path TO {schema}, public")  # the tables here; the functions in public
 
     def work(_prepared: None) -> None:
-        original = store._limits_json
+        original = store.claims.limits_json
         if not limited:  # this deploy as one without limits: the claim without them
-            store._limits_json = lambda: None  # type: ignore[assignment]
+            store.claims.limits_json = lambda: None  # type: ignore[assignment]
         try:
             for _ in range(claims):
                 claimed = store.claim(owner=claim_cost.OWNER, lease_seconds=30)
                 if claimed is None or not claimed.lease.run_id.startswith("due-"):
                     raise RuntimeError(f"{schema}: took {claimed and claimed.lease.run_id!r}, not a due run")
         finally:
-            store._limits_json = original  # type: ignore[method-assign]
+            store.claims.limits_json = original  # type: ignore[method-assign]
             app.execute("SET search_path TO DEFAULT")
 
     return Workload(name=schema, run=work, ops=claims, setup=setup)

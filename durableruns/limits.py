@@ -2,7 +2,7 @@
 
 A limited workflow (`Workflow(name, concurrency=, concurrency_key=)`) lets at most its limit of runs hold a lease
 at once, per key; each run records its key when it starts. The claim enforces the limit and parks the runs it
-refuses (durableruns.pgsql on PostgreSQL, the ORM claim's filter elsewhere).
+refuses (durableruns.store.claims on PostgreSQL, the ORM claim's filter elsewhere).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The record: run_state (one small row per run) and run_step (one row per attempt), plus escalations and
-the decisions staff take on them. No I/O and no business rules here; only store.py writes these tables.
+the decisions staff take on them. No I/O and no business rules here; only durableruns.store writes these tables.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class RunState(models.Model):
             # already indexed, so this adds no cost to a step's write.
             models.Index(fields=["workflow"], name="run_state_stopped_idx", condition=Q(status="needs_decision")),
             models.Index(fields=["-created_at"], name="run_state_created_idx"),
-            # The claim's two probes (pgsql._CLAIM): the pending (or abandoned) run of highest priority, the oldest
+            # The claim's two probes (store.claims): the pending (or abandoned) run of highest priority, the oldest
             # among equals, and the waiting runs whose wake time has come, so that any number of runs asleep costs a
             # claim nothing (issue 22).
             models.Index(fields=["-priority", "created_at"], name="run_state_ready_idx",
@@ -125,7 +125,7 @@ class RunState(models.Model):
             # this index costs the few unfinished runs, not every run kept (a scan of run_state at a million).
             models.Index(fields=["plan_fingerprint"], name="run_state_unfinished_plan_idx",
                          condition=Q(status__in=["pending", "running", "waiting", "needs_decision"])),
-            # Concurrency limits (durableruns.pgsql, _CLAIM_TEMPLATE): the runs holding a slot of a limit, which a
+            # Concurrency limits (store.claims, _CLAIM_TEMPLATE): the runs holding a slot of a limit, which a
             # claim counts per (workflow, key) under the key's lock, and the runs parked by a limit in the order
             # they are let go when a slot frees. Both hold limited runs only, so they stay small.
             models.Index(fields=["workflow", "concurrency_key"], name="run_state_limit_running_idx",
@@ -148,7 +148,7 @@ class RunState(models.Model):
 class RunCount(models.Model):
     """Finished runs counted per workflow and status, so that a scrape reads a few rows instead of every run kept.
 
-    Kept by the database, not by store.py: on PostgreSQL by triggers on run_state (a run entering or leaving
+    Kept by the database, not by durableruns.store: on PostgreSQL by triggers on run_state (a run entering or leaving
     completed, failed or cancelled, inserted finished, deleted, truncated), in the same commit as the run's own
     change, so every path that moves a run (the engine, a staff act, prune, a raw UPDATE) counts without code of
     its own; on SQLite by triggers that count finishes only (`finished`). Unfinished runs are not counted here:

@@ -35,7 +35,7 @@ class RunStateQuerySet(models.QuerySet):
         """Leave out the runs their concurrency limit holds back: a limited run (of a workflow in `limits`, with
         a key recorded) not running yet, whose (workflow, key) has its limit of runs running already. A running
         run (its worker died) keeps its slot. Exact only where claims do not race (SQLite's one writer);
-        PostgreSQL's claim admits under a lock (durableruns.pgsql)."""
+        PostgreSQL's claim admits under a lock (durableruns.store.claims)."""
         if not limits:
             return self
         holding = (self.model._default_manager.filter(status="running", workflow=models.OuterRef("workflow"),

@@ -130,7 +130,7 @@ class Workflow:
         self.name = name
         # At most `concurrency` runs hold a lease at once: of the workflow, or per key with `concurrency_key`
         # (1 by default there). The key is asked once, at start, and recorded on the run (run_state.
-        # concurrency_key); the limit itself is this deploy's, read by every claim (durableruns.pgsql).
+        # concurrency_key); the limit itself is this deploy's, read by every claim (durableruns.store.claims).
         self.concurrency = concurrency if concurrency is not None else (1 if concurrency_key is not None else None)
         self.concurrency_key = concurrency_key
         self.module = _declaring_module(self)
@@ -493,5 +493,5 @@ def _declared() -> None:
 
 def effect_key(run_id: str, step: str) -> str:
     """Name the effect of one step of one run: stable across attempts and resumes. The claim's SQL spells the
-    same key for a first step (pgsql._CLAIM), which a test holds to this one."""
+    same key for a first step (store.claims.CLAIM), which a test holds to this one."""
     return f"{run_id}:{step}"

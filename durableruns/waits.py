@@ -48,7 +48,7 @@ class OnChildFailure(enum.StrEnum):
 
 
 # A join waiting for its children is due again at least this often: a child's end makes it due at once
-# (store._wake_parent), and this recheck finds the children ended from the record alone should that wake be lost
+# (store.children.wake_parent), and this recheck finds the children ended from the record alone should that wake be lost
 # (a worker killed between a child's end and its parent's wake). Its cost: one claim per waiting join this often.
 JOIN_RECHECK = timedelta(minutes=1)
 

@@ -26,8 +26,8 @@ from django.db import connections
 
 from durableruns import conf
 from durableruns.connections import plain_params
-from durableruns.pgsql import NEXT_DUE, next_due_from_last_claim
-from durableruns.pgsql import WAKE_CHANNEL as CHANNEL
+from durableruns.store.claims import NEXT_DUE, next_due_from_last_claim
+from durableruns.store.sql import WAKE_CHANNEL as CHANNEL
 from durableruns.worker.background import Background
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def seconds_until_next_due() -> float | None:
     """Seconds until the earliest wake time or lease expiry the record holds (negative: already due), on the
     database's clock; None if no run will come due by itself.
 
-    An idle thread asks just after its claim found nothing, and that claim read it already (pgsql.NEXT_DUE):
+    An idle thread asks just after its claim found nothing, and that claim read it already (store.claims.NEXT_DUE):
     that reading is used then, less the time since, instead of a statement of its own."""
     known, seconds = next_due_from_last_claim()
     if known:

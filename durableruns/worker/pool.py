@@ -24,8 +24,8 @@ from durableruns.clock import Clock
 from durableruns.engine import Engine, RunOutcome
 from durableruns.errors import FencedOut
 from durableruns.models import RunStatus
-from durableruns.pgsql import more_due_after_last_claim
 from durableruns.registry import first_steps
+from durableruns.store.claims import more_due_after_last_claim
 from durableruns.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("durableruns")

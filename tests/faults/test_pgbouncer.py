@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import durableruns
-from durableruns import pgsql
+from durableruns.store import sql
 from durableruns.models import RunState, RunStatus, WorkerPresence
 from tests.conftest import Workers, database_url, wait_until
 from tests.faults.pgbouncer import PgBouncer
@@ -35,7 +35,7 @@ def test_a_connection_through_the_pooler_is_known_for_one_and_prepares_nothing(b
     url = bouncer.url.replace("postgres://", "postgresql://")
     with psycopg.connect(url, autocommit=True) as pooled, psycopg.connect(
             database_url().replace("postgres://", "postgresql://"), autocommit=True) as direct:
-        assert pgsql.through_a_proxy(pooled) and not pgsql.through_a_proxy(direct)
+        assert sql.through_a_proxy(pooled) and not sql.through_a_proxy(direct)
 
 
 def test_through_the_pooler_the_worker_says_once_that_it_polls(bouncer: PgBouncer, workers: Workers,

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 
 def close_the_workers_cursor(point: str, step: str) -> None:
-    """Once `first` has returned: close the prepared cursor of the worker thread's connection (pgsql's hot path,
+    """Once `first` has returned: close the prepared cursor of the worker thread's connection (the store's hot path,
     which writes the record), so its next statement meets psycopg's "the cursor is closed" (InterfaceError)."""
     if (point, step) == ("after_return", "first"):
         connection.durableruns_hot_path.cursor.close()

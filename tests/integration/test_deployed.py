@@ -330,7 +330,7 @@ def _first_long_named(ctx: Any) -> dict[str, Any]:
     return {}
 
 
-_first_long_named.__name__ = "f" * 250  # its intent rides on the claim's own statement (pgsql._CLAIM)
+_first_long_named.__name__ = "f" * 250  # its intent rides on the claim's own statement (store.claims.CLAIM)
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import durableruns
-from durableruns import pgsql, services, store
+from durableruns import services, store
 from durableruns.engine import Engine
 from durableruns.models import RunState, RunStatus, RunStep
 from durableruns.registry import effect_key, first_steps
-from durableruns.store import Intent
+from durableruns.store import Intent, claims, sql
 from tests.factories import crash_after_intent
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -67,7 +67,7 @@ def test_the_hot_path_prepares_its_fenced_statements_and_reuses_their_plans():
 
 
 def test_a_plan_made_on_small_tables_is_made_anew_after_replan_every_executions(monkeypatch):
-    monkeypatch.setattr(pgsql, "REPLAN_EVERY", 60)  # 15 runs of 4 fenced statements
+    monkeypatch.setattr(sql, "REPLAN_EVERY", 60)  # 15 runs of 4 fenced statements
     connection.close()  # a new connection counts its executions from 0
     run_to_completion(2)
     with connection.cursor() as cursor:
@@ -93,7 +93,7 @@ RUNS_SQL = ("INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, 
             " now() + g * interval '1 ms', now() FROM generate_series(1, %s) g")
 
 
-def claim_plan(*, planning: str, statement: str = pgsql._CLAIM, **extra: object) -> str:
+def claim_plan(*, planning: str, statement: str = claims.CLAIM, **extra: object) -> str:
     """EXPLAIN of the engine's claim, sent with `planning` in front as the engine sends its own."""
     with connection.cursor() as cursor:
         cursor.execute(planning + "EXPLAIN " + statement,
@@ -110,7 +110,7 @@ def test_a_claim_limited_to_queues_walks_the_same_indexes_in_priority_order():
         cursor.execute("UPDATE run_state SET queue = 'reports' WHERE run_id IN ('backlog-7', 'backlog-9')")
         cursor.execute("UPDATE run_state SET priority = 1 WHERE run_id = 'backlog-9'")
         cursor.execute("ANALYZE run_state")
-    plan = claim_plan(planning=pgsql._CLAIM_PLANNING, statement=pgsql._CLAIMS[True, True, False], queues=["reports"])
+    plan = claim_plan(planning=claims.CLAIM_PLANNING, statement=claims.CLAIMS[True, True, False], queues=["reports"])
     assert walks_the_indexes(plan), plan
     taken = [store.claim(owner="w", lease_seconds=30, queues=("reports",), hints=True) for _ in range(3)]
     assert [t.lease.run_id if t else None for t in taken] == ["backlog-9", "backlog-7", None]
@@ -133,7 +133,7 @@ def test_a_backlog_is_claimed_by_walking_the_index_whatever_the_statistics_say()
         cursor.execute(RUNS_SQL, ["backlog-", "pending", 3000])
     # what the statistics alone would have PostgreSQL do, at each claim: sort the backlog
     assert "Sort Key: run_state.priority DESC, run_state.created_at" in claim_plan(planning="")
-    plan = claim_plan(planning=pgsql._CLAIM_PLANNING)
+    plan = claim_plan(planning=claims.CLAIM_PLANNING)
     assert walks_the_indexes(plan), plan
     claimed = [store.claim(owner="w", lease_seconds=30) for _ in range(8)]
     assert [c.lease.run_id if c else None for c in claimed] == [f"backlog-{n}" for n in range(1, 9)]

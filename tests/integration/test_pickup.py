@@ -19,7 +19,7 @@ from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 
 import durableruns
-from durableruns import pgsql, services
+from durableruns import services, store
 from durableruns.models import Escalation, RunState, RunStatus, WorkerPresence
 from durableruns.worker.listener import Listener
 from durableruns.worker.pool import Stopping, Waker
@@ -193,7 +193,7 @@ def test_a_thread_that_ends_a_run_while_nothing_else_is_due_goes_idle_without_a_
         wait_until(lambda: status(timed) == RunStatus.COMPLETED, timeout=10, what="the run before the timed one")
         with transaction.atomic():  # set to wait as store.release does it, which notifies
             RunState.objects.filter(pk=timed).update(status=RunStatus.WAITING, wake_at=Now() + timedelta(seconds=1))
-            pgsql.wake_workers()
+            store.wake_workers()
         wait_until(lambda: status(timed) == RunStatus.COMPLETED, timeout=5, what="the run whose wake time came")
 
 
@@ -227,7 +227,7 @@ def test_a_claim_says_whether_another_run_was_due_behind_the_one_it_took():
     from django.db.models.functions import Now
 
     from durableruns import store
-    from durableruns.pgsql import more_due_after_last_claim
+    from durableruns.store import more_due_after_last_claim
 
     first, second, later = make_run(), make_run(), make_run()
     RunState.objects.filter(pk=later).update(status=RunStatus.WAITING, wake_at=Now() + timedelta(seconds=60))

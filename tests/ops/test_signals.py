@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from durableruns import services, signals
+from durableruns import errors, services, signals
 from durableruns.models import Escalation, RunState, RunStatus, RunStep
 from tests.factories import crash_after_intent, make_run
 
@@ -78,7 +78,7 @@ def test_start_inside_a_transaction_sends_only_when_it_commits(heard):
 
 def test_a_duplicate_start_sends_nothing(heard):
     make_run("scripted", run_id="once")
-    with pytest.raises(services.store.DuplicateRun):
+    with pytest.raises(errors.DuplicateRun):
         make_run("scripted", run_id="once")
     assert heard.names() == ["run_started"]
 
@@ -183,7 +183,7 @@ def test_a_refused_decision_sends_nothing(heard):
     escalation = Escalation.objects.get(run_id=run)
     services.resolve_escalation(escalation.pk, "did_not_happen", by="bob", note="not sent")
     heard.clear()
-    with pytest.raises(services.store.AlreadyDecided):
+    with pytest.raises(errors.AlreadyDecided):
         services.resolve_escalation(escalation.pk, "abandon", by="carol", note="too late")
     assert heard == []
 

@@ -1,0 +1,131 @@
+"""The only writer of the record. One durable transaction per fact, each fenced on the run's epoch; on PostgreSQL
+the hot path's facts are one statement each, kept beside the function that sends it.
+
+Callers write `from durableruns import store; store.record_intent(...)`: this face re-exports each module's
+public names. One module a concept, each below the ones that use it:
+
+    sql          the PostgreSQL hot path they share: the prepared cursor (HotPath, hot_path), one(), rowcount(),
+                 a commit that waits for a standby, through_a_proxy(), the wake-up channel (WAKE_CHANNEL)
+    base         Lease, Claimed, Intent, the DATABASE clock, to_json / ensure_json / storable, ENDED, and the
+                 helpers every write begins with: fast(), fence(), finish_attempt(), lease_times(), wake_workers()
+    plans        record_plan, plan_of, forget_plans
+    children     NewChild, child_exists, start_child; a child's end waking its parent's join (wake_parent)
+    runs         create_run, renew, renew_all, release, begin_ending, end, reopen_runnable, reopen_runs
+    claims       claim and its statements (the probes, concurrency limits, a fresh run's first intent), and what
+                 a thread's last claim read: next_due_from_last_claim, more_due_after_last_claim, NEXT_DUE
+    attempts     record_intent, record_result, record_failure, checkpoint, record_raised
+    waits        wait, complete_wait, now_and_oldest_event, record_event, record_approval, APPROVAL_ACTIONS
+    staff        open_escalation, record_decision, record_staff_action (a cancel with its descendants), adopt_plan
+    schedules    schedule_marks, start_slots
+    marks        alert marks, a worker's presence, measuring's scratch runs, delete_runs (retention)
+
+A module imports only the ones listed above it (and never this face): the store has no circle of its own.
+"""
+
+from __future__ import annotations
+
+from durableruns.store.attempts import checkpoint, record_failure, record_intent, record_raised, record_result
+from durableruns.store.base import (
+    DATABASE,
+    DEFERRED,
+    ENDED,
+    TEXT_LIMIT,
+    Claimed,
+    Intent,
+    Lease,
+    ensure_json,
+    storable,
+    to_json,
+    wake_workers,
+)
+from durableruns.store.children import UNFINISHED, NewChild, child_exists, start_child
+from durableruns.store.claims import claim, more_due_after_last_claim, next_due_from_last_claim, parked_by_last_claim
+from durableruns.store.marks import (
+    SCRATCH_WORKFLOW,
+    delete_runs,
+    delete_scratch_run,
+    give_alert_mark_back,
+    give_run_alert_mark_back,
+    report_presence,
+    take_alert_mark,
+    take_run_alert_mark,
+)
+from durableruns.store.plans import forget_plans, plan_of, record_plan
+from durableruns.store.runs import (
+    begin_ending,
+    create_run,
+    end,
+    release,
+    renew,
+    renew_all,
+    reopen_runnable,
+    reopen_runs,
+)
+from durableruns.store.schedules import schedule_marks, start_slots
+from durableruns.store.staff import adopt_plan, open_escalation, record_decision, record_staff_action
+from durableruns.store.waits import (
+    APPROVAL_ACTIONS,
+    complete_wait,
+    now_and_oldest_event,
+    record_approval,
+    record_event,
+    wait,
+)
+
+__all__ = [
+    "APPROVAL_ACTIONS",
+    "DATABASE",
+    "DEFERRED",
+    "ENDED",
+    "SCRATCH_WORKFLOW",
+    "TEXT_LIMIT",
+    "UNFINISHED",
+    "Claimed",
+    "Intent",
+    "Lease",
+    "NewChild",
+    "adopt_plan",
+    "begin_ending",
+    "checkpoint",
+    "child_exists",
+    "claim",
+    "complete_wait",
+    "create_run",
+    "delete_runs",
+    "delete_scratch_run",
+    "end",
+    "ensure_json",
+    "forget_plans",
+    "give_alert_mark_back",
+    "give_run_alert_mark_back",
+    "more_due_after_last_claim",
+    "next_due_from_last_claim",
+    "now_and_oldest_event",
+    "open_escalation",
+    "parked_by_last_claim",
+    "plan_of",
+    "record_approval",
+    "record_decision",
+    "record_event",
+    "record_failure",
+    "record_intent",
+    "record_plan",
+    "record_raised",
+    "record_result",
+    "record_staff_action",
+    "release",
+    "renew",
+    "renew_all",
+    "reopen_runnable",
+    "reopen_runs",
+    "report_presence",
+    "schedule_marks",
+    "start_child",
+    "start_slots",
+    "storable",
+    "take_alert_mark",
+    "take_run_alert_mark",
+    "to_json",
+    "wait",
+    "wake_workers",
+]

@@ -1,0 +1,88 @@
+"""The writes outside a run's drive (durableruns.ops, the worker): alert marks, a worker's presence, measuring's
+scratch runs, and the deletion of runs past retention."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+
+from durableruns import conf
+from durableruns.clock import Clock
+from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, WorkerPresence
+from durableruns.store.base import DATABASE, storable
+
+
+def report_presence(name: str, *, threads: int, pickup: str, skew_seconds: float | None, runs_in_hand: int,
+                    stopped: bool = False, clock: Clock = DATABASE) -> None:
+    """Record how a worker process stands now (seen at the database's now), for health checks; a row per name."""
+    fields: dict[str, Any] = {
+        "threads": threads, "pickup": storable(pickup, limit=450), "skew_seconds": skew_seconds,
+        "runs_in_hand": runs_in_hand, "seen_at": clock.expression(),
+        "stopped_at": clock.expression() if stopped else None}
+    if WorkerPresence.objects.filter(pk=name).update(**fields):
+        return
+    try:
+        with transaction.atomic(using=conf.database()):
+            WorkerPresence.objects.create(name=name, started_at=clock.expression(), **fields)
+    except IntegrityError:  # another process of the same name reported first
+        WorkerPresence.objects.filter(pk=name).update(**fields)
+
+
+# The workflow name of measure_loop's scratch runs: never registered, so no worker can run one.
+SCRATCH_WORKFLOW = "durableruns.measure_loop (scratch run)"
+
+
+def delete_scratch_run(run_id: str) -> None:
+    """Delete a measuring scratch run and its attempts; a real run is never deleted, whatever the id."""
+    RunState.objects.filter(pk=run_id, workflow=SCRATCH_WORKFLOW).delete()
+
+
+# -- retention and alerts (durableruns.ops): the other writes, kept here with the rest ---------------------
+
+# Children first: interventions point at escalations, everything points at the run.
+_RUN_TABLES = (
+    ("interventions", Intervention._meta.db_table),
+    ("escalations", Escalation._meta.db_table),
+    ("attempts", RunStep._meta.db_table),
+    ("runs", RunState._meta.db_table),
+)
+
+
+def delete_runs(ids: list[str]) -> dict[str, int]:
+    """Delete the runs `ids` (locked by the caller's transaction) and what hangs on them, by primary key list:
+    plain DELETEs, not Django's collector, which would first read every row (inputs and results included).
+    Return how many rows went from each: interventions, escalations, attempts, runs."""
+    placeholders = ", ".join(["%s"] * len(ids))
+    deleted = {}
+    with connections[conf.database()].cursor() as cursor:
+        for counter, table in _RUN_TABLES:
+            # The table names are the models' own (above), never input; the ids go as parameters.
+            cursor.execute(f"DELETE FROM {table} WHERE run_id IN ({placeholders})", ids)
+            deleted[counter] = cursor.rowcount
+    return deleted
+
+
+def take_alert_mark(escalation_id: int, *, previous: datetime | None, now: datetime) -> bool:
+    """Mark an open escalation alerted at `now`, only if its mark is still `previous` (what the pass read): of
+    two overlapping passes, one takes it and sends."""
+    return bool(Escalation.objects.filter(pk=escalation_id, alerted_at=previous, decision__isnull=True)
+                .update(alerted_at=now))
+
+
+def give_alert_mark_back(escalation_id: int, *, now: datetime, previous: datetime | None) -> None:
+    """The alert was not sent: put the mark back, so the next pass tries again."""
+    Escalation.objects.filter(pk=escalation_id, alerted_at=now).update(alerted_at=previous)
+
+
+def take_run_alert_mark(run_id: str, *, previous: datetime | None, now: datetime) -> bool:
+    """Mark a run stopped for staff alerted at `now`, only if it still is stopped and its mark is still
+    `previous` (what the pass read): of two overlapping passes, one takes it and sends."""
+    return bool(RunState.objects.filter(pk=run_id, status=RunStatus.NEEDS_DECISION, alerted_at=previous)
+                .update(alerted_at=now))
+
+
+def give_run_alert_mark_back(run_id: str, *, now: datetime, previous: datetime | None) -> None:
+    """The alert was not sent: put the mark back, so the next pass tries again."""
+    RunState.objects.filter(pk=run_id, alerted_at=now).update(alerted_at=previous)

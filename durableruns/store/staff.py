@@ -1,0 +1,294 @@
+"""What staff do to runs: escalations opened for them and their decisions, cancels (with a run's unfinished
+descendants) and retries, and a run moved to another plan; each one commit, the epoch bump fencing its worker."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from durableruns import conf, signals
+from durableruns.boundary import compute_boundary
+from durableruns.clock import Clock
+from durableruns.errors import AlreadyDecided, FencedOut, RunNotActionable, RunNotFound, UnknownWorkflow
+from durableruns.holdings import RELEASE_SUFFIX, assess, needs_releasing
+from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep, StepStatus
+from durableruns.plans import Plan, attempted_in_order, check_fit
+from durableruns.registry import get_workflow
+from durableruns.store.base import DATABASE, ENDED, Lease, storable, wake_workers
+from durableruns.store.children import wake_parent
+from durableruns.store.plans import plan_of, record_plan
+
+
+def _ending_fields(run_id: str, final: str, *, release: str = "") -> dict[str, Any]:
+    """How a staff act that ends a run unfinished sets its status: `final` at once when the run holds nothing
+    a worker must give back, else pending with `ending` = `final` (a worker releases, then sets it). Staff act
+    outside a worker: the releases are effects, and never run in a web request or inside this transaction.
+
+    Abandoning the escalation of a release itself (`release` names a release step) gives up on that release
+    only: the run stays ending, a worker goes on with the other releases and then ends it, and its holdings
+    still list the abandoned hold (nobody pretends it is gone)."""
+    current = RunState.objects.filter(pk=run_id).values_list("workflow", "ending").get()
+    workflow_name, ending = current
+    if ending and release.endswith(RELEASE_SUFFIX):
+        return {"status": RunStatus.PENDING}
+    try:
+        workflow = get_workflow(workflow_name)
+    except UnknownWorkflow:
+        return {"status": final, "ending": ""}
+    acquisitions = workflow.acquisitions()
+    if not acquisitions:
+        return {"status": final, "ending": ""}
+    attempts = [row.to_attempt() for row in RunStep.objects.filter(run_id=run_id)]
+    if needs_releasing(assess(workflow.plan, acquisitions, attempts)):
+        return {"status": RunStatus.PENDING, "ending": final}
+    return {"status": final, "ending": ""}
+
+
+def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime | None,
+                    reason: str, clock: Clock = DATABASE) -> None:
+    """Stop the run for a person: the escalation and the run's needs_decision status in one commit."""
+    reason = storable(reason)
+    with transaction.atomic(using=conf.database(), durable=True):
+        moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
+            status=RunStatus.NEEDS_DECISION, reason=reason, wake_at=None, lease_expires_at=None,
+            updated_at=clock.expression()
+        )
+        if not moved:
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        escalation, created = Escalation.objects.get_or_create(
+            run_id=lease.run_id,
+            step=step,
+            attempt=attempt,
+            defaults={"effect_key": effect_key, "in_doubt_since": in_doubt_since or clock.expression(),
+                      "opened_at": clock.expression(), "reason": reason},
+        )
+    if created:  # signals
+        signals.send_on_commit(signals.escalation_opened, Escalation, escalation_id=escalation.pk,
+                               run_id=lease.run_id, step=step, attempt=attempt, reason=reason)
+
+
+def record_decision(
+    escalation_id: int,
+    *,
+    action: str,
+    decided_by: str,
+    user_id: int | None,
+    note: str,
+    result: Any,
+    cursor: int | None,
+    clock: Clock = DATABASE,
+) -> Intervention:
+    """Apply a staff decision once: the decision row, its effect on the attempt, and a resumable run, in one commit.
+
+    The one-to-one between decision and escalation is what makes a second, concurrent decision fail.
+    """
+    try:
+        with transaction.atomic(using=conf.database(), durable=True):
+            now = clock.now()  # the database's, read once: the decision and what it changes carry one time
+            escalation = Escalation.objects.select_for_update().get(pk=escalation_id)
+            status = RunState.objects.filter(pk=escalation.run_id).values_list("status", flat=True).get()
+            if status != RunStatus.NEEDS_DECISION and not Intervention.objects.filter(
+                escalation_id=escalation_id
+            ).exists():
+                raise RunNotActionable(
+                    f"the run is {status}, not waiting for a decision", run_id=escalation.run_id, status=status
+                )
+            decision = Intervention.objects.create(
+                run_id=escalation.run_id, escalation=escalation, step=escalation.step,
+                attempt=escalation.attempt, action=action, decided_by=decided_by, user_id=user_id,
+                decided_at=now, note=note, result=result,
+            )
+            run_fields: dict[str, Any] = {"updated_at": now, "wake_at": None, "epoch": F("epoch") + 1}
+            if action == Intervention.Action.HAPPENED:
+                RunStep.objects.filter(
+                    run_id=escalation.run_id, step=escalation.step, attempt=escalation.attempt,
+                    status=StepStatus.STARTED,
+                ).update(status=StepStatus.COMPLETED, result=result, finished_at=now,
+                         resolution=Resolution.DECISION)
+                run_fields.update(status=RunStatus.PENDING, cursor=cursor, reason=f"{decided_by}: it happened")
+            elif action == Intervention.Action.DID_NOT_HAPPEN:
+                run_fields.update(status=RunStatus.PENDING, reason=f"{decided_by}: it did not happen, run again")
+            else:
+                run_fields.update(reason=f"abandoned by {decided_by}: {note}",
+                                  **_ending_fields(escalation.run_id, RunStatus.CANCELLED, release=escalation.step))
+            RunState.objects.filter(pk=escalation.run_id).update(**run_fields)
+            if run_fields["status"] == RunStatus.PENDING:
+                wake_workers()
+            elif run_fields["status"] in ENDED:
+                wake_parent(escalation.run_id, clock)
+            return decision
+    except IntegrityError:
+        first = Intervention.objects.select_related(None).get(escalation_id=escalation_id)
+        raise AlreadyDecided(
+            f"already decided by {first.decided_by} at {first.decided_at:%Y-%m-%d %H:%M:%S}: "
+            f"{first.get_action_display()}",
+            escalation_id=escalation_id,
+            decided_by=first.decided_by,
+            decided_at=first.decided_at,
+        ) from None
+
+
+def record_staff_action(
+    run_id: str,
+    *,
+    action: str,
+    allowed_from: tuple[str, ...],
+    new_status: str,
+    decided_by: str,
+    user_id: int | None,
+    note: str,
+    step: str = "",
+    attempt: int | None = None,
+    clock: Clock = DATABASE,
+) -> Intervention:
+    """Cancel or retry a run: the staff act and the status change in one commit; the epoch bump fences its worker.
+
+    A cancel also closes the run's open escalation, if any, so the queue does not keep asking about a run
+    nobody will resume. Locks are taken escalation first, then run, the order record_decision uses.
+    """
+    cancelled: list[str] = []
+    with transaction.atomic(using=conf.database(), durable=True):
+        now = clock.now()
+        pending = None
+        if action == Intervention.Action.CANCEL:
+            # Its unfinished descendants first, the deepest first: a child's row is locked before its parent's,
+            # the order a child's own end takes them (wake_parent, for the last child), so they never deadlock.
+            for child in reversed(_descendants(run_id)):
+                if _cancel_child(child, ancestor=run_id, decided_by=decided_by, user_id=user_id, note=note,
+                                 now=now):
+                    cancelled.append(child)
+            pending = (Escalation.objects.select_for_update(of=("self",))
+                       .filter(run_id=run_id, decision__isnull=True).first())
+        run = RunState.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise RunNotFound(run_id=run_id)
+        if run.status not in allowed_from:
+            raise RunNotActionable(
+                f"cannot {action} a run that is {run.status}", run_id=run_id, status=run.status
+            )
+        if action == Intervention.Action.CANCEL and run.ending == RunStatus.CANCELLED:
+            # Already being cancelled (by a cancel or an abandon): a worker is giving back what it holds. A
+            # second act would be a second record of the same decision.
+            raise RunNotActionable(
+                f"the run is already being cancelled ({run.reason}): a worker is giving back what it holds",
+                run_id=run_id, status=run.status,
+            )
+        status_fields: dict[str, Any] = {"status": new_status}
+        if action == Intervention.Action.CANCEL:
+            status_fields = _ending_fields(run_id, new_status)
+            new_status = status_fields["status"]
+        RunState.objects.filter(pk=run_id).update(
+            epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None, updated_at=now,
+            reason=f"{action} by {decided_by}: {note}", **status_fields,
+        )
+        if new_status == RunStatus.PENDING:
+            wake_workers()
+        elif new_status in ENDED and run_id not in cancelled:
+            wake_parent(run_id, clock)
+        fields: dict[str, Any] = {"run_id": run_id, "step": step, "attempt": attempt, "action": action,
+                                  "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": note}
+        act = _staff_act(fields, pending)
+    for child in cancelled:  # signals
+        signals.run_finished(child, RunStatus.CANCELLED, reason=f"cancel by {decided_by} with {run_id}: {note}",
+                             by=decided_by)
+    return act
+
+
+def _staff_act(fields: dict[str, Any], pending: Escalation | None) -> Intervention:
+    """Record a staff act on a run, closing its open escalation `pending` with it if a decision has not."""
+    if pending is not None:
+        try:
+            with transaction.atomic(using=conf.database()):  # a decision may have won the escalation meanwhile
+                return Intervention.objects.create(escalation=pending, **dict(
+                    fields, step=pending.step, attempt=pending.attempt))
+        except IntegrityError:
+            pass
+    return Intervention.objects.create(**fields)
+
+
+def _descendants(run_id: str) -> list[str]:
+    """The run's children, then their children, and so on: breadth first, by the parent index."""
+    found: list[str] = []
+    frontier = [run_id]
+    while frontier:
+        frontier = list(RunState.objects.filter(parent_id__in=frontier).order_by("run_id")
+                        .values_list("run_id", flat=True))
+        found.extend(frontier)
+    return found
+
+
+def _cancel_child(run_id: str, *, ancestor: str, decided_by: str, user_id: int | None, note: str,
+                  now: datetime) -> bool:
+    """Inside the cancel of `ancestor`: cancel its descendant `run_id` if it is unfinished, as a staff cancel of
+    it would (its open escalation closed, what it holds given back by a worker first, its worker fenced out by
+    the epoch bump); False if it had ended."""
+    pending = (Escalation.objects.select_for_update(of=("self",))
+               .filter(run_id=run_id, decision__isnull=True).first())
+    if RunState.objects.select_for_update().filter(pk=run_id).unfinished().values_list("pk", flat=True).first() is None:
+        return False
+    fields = _ending_fields(run_id, RunStatus.CANCELLED)
+    reason = f"cancel by {decided_by} with {ancestor}: {note}"
+    RunState.objects.filter(pk=run_id).update(epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None,
+                                              updated_at=now, reason=storable(reason), **fields)
+    if fields["status"] == RunStatus.PENDING:
+        wake_workers()  # a worker gives back what it holds, then ends it cancelled
+    _staff_act({"run_id": run_id, "step": "", "attempt": None, "action": Intervention.Action.CANCEL,
+                "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": reason}, pending)
+    return True
+
+
+def adopt_plan(
+    run_id: str,
+    *,
+    plan: Plan,
+    allowed_from: tuple[str, ...],
+    decided_by: str,
+    user_id: int | None,
+    note: str,
+    clock: Clock = DATABASE,
+) -> Intervention:
+    """Move a run to `plan` on purpose: the fit check, the new fingerprint and the staff act in one commit.
+
+    The fit is checked on the record as it is under the run's row lock, of a run no worker holds (its status in
+    `allowed_from`, or running under a lease that ran out), so no attempt can be added between the check and the
+    move. The epoch bump fences whoever
+    held it before; the run is pending, and the next pass follows `plan`.
+    """
+    with transaction.atomic(using=conf.database(), durable=True):
+        now = clock.now()
+        run = RunState.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise RunNotFound(run_id=run_id)
+        # A run whose worker died (running, its lease run out) is held by nobody, as a waiting one is.
+        abandoned = run.status == RunStatus.RUNNING and (run.lease_expires_at is None or run.lease_expires_at < now)
+        if run.status not in allowed_from and not abandoned:
+            raise RunNotActionable(f"cannot adopt_plan for a run that is {run.status} (held by {run.owner})"
+                                   if run.status == RunStatus.RUNNING else
+                                   f"cannot adopt_plan for a run that is {run.status}", run_id=run_id,
+                                   status=run.status)
+        if run.plan_fingerprint == plan.fingerprint:
+            raise RunNotActionable(f"the run follows plan {plan.fingerprint} already", run_id=run_id,
+                                   status=run.status)
+        old = plan_of(run.workflow, run.plan_fingerprint)
+        attempts = [row.to_attempt() for row in RunStep.objects.of_run(run_id)]
+        check_fit(run_id, attempted=attempted_in_order(old, [(a.step, a.started_at) for a in attempts]),
+                  policies=dict(old.steps) if old else None, new=plan.steps, new_fingerprint=plan.fingerprint)
+        record_plan(plan, clock=clock)
+        remainder = compute_boundary(plan.names, attempts).remainder
+        RunState.objects.filter(pk=run_id).update(
+            plan_fingerprint=plan.fingerprint, status=RunStatus.PENDING, epoch=F("epoch") + 1, wake_at=None,
+            lease_expires_at=None, updated_at=now,
+            cursor=plan.names.index(remainder[0]) if remainder else len(plan.names),
+            reason=storable(f"adopt_plan by {decided_by}: {note} (plan {run.plan_fingerprint} -> {plan.fingerprint})"),
+        )
+        wake_workers()
+        return Intervention.objects.create(
+            run_id=run_id, action=Intervention.Action.ADOPT_PLAN, decided_by=decided_by, user_id=user_id,
+            decided_at=now, note=note,
+            result={"from_plan": run.plan_fingerprint, "to_plan": plan.fingerprint,
+                    "from_steps": [list(s) for s in old.steps] if old else None,
+                    "to_steps": [list(s) for s in plan.steps]},
+        )
