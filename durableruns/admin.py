@@ -930,10 +930,10 @@ class ScheduleAdmin(ReadOnlyRecord):
     """Schedules as the record knows them (a worker records one the first time it sees it), each with its
     declaration in this deploy, the last slot started and the next one; read-only."""
 
-    list_display = ("name", "workflow", "cron", "time_zone", "catch_up", "last_slot_started", "next_slot")
+    list_display = ("name", "workflow", "cron", "time_zone", "catch_up", "last_slot_started", "next_slot", "trouble")
     search_fields = ("name",)
-    fields = ("name", "workflow", "cron", "time_zone", "catch_up", "last_slot_started", "next_slot", "runs",
-              "created_at")
+    fields = ("name", "workflow", "cron", "time_zone", "catch_up", "last_slot_started", "next_slot", "trouble",
+              "runs", "created_at")
 
     @staticmethod
     def _declared(obj: ScheduleState) -> schedules.Schedule | None:
@@ -970,6 +970,13 @@ class ScheduleAdmin(ReadOnlyRecord):
         if declared is None:
             return "-"
         return schedules.slot_text(declared.next_slot(schedules.aware(obj.last_slot or obj.created_at)))
+
+    @admin.display(description="trouble")
+    def trouble(self, obj: ScheduleState) -> str:
+        """Why no slot of it starts, where its workflow refuses its input (the workers skip it): else blank."""
+        declared = self._declared(obj)
+        refused = schedules.input_refused(declared) if declared else None
+        return f"no slot starts: {refused}" if refused else ""
 
     @admin.display(description="runs")
     def runs(self, obj: ScheduleState) -> SafeString:

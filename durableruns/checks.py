@@ -73,14 +73,25 @@ def _names_too_long() -> list[checks.CheckMessage]:
 
 @checks.register(TAG)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Every declared schedule names a workflow this deploy declares: otherwise its slots would never start."""
+    """Every declared schedule names a workflow this deploy declares, and gives it an input it takes: otherwise
+    its slots would never start."""
     from durableruns import schedules  # it reads the record's models, loaded by the time checks run
 
     known = workflows()
-    return [checks.Error(f"schedule {s.name!r} names workflow {s.workflow!r}, which is not declared",
-                         hint="Declare the workflow in a workflows.py, or correct the schedule's workflow.",
-                         id="durableruns.E023")
-            for s in schedules.schedules() if s.workflow not in known]
+    messages: list[checks.CheckMessage] = [
+        checks.Error(f"schedule {s.name!r} names workflow {s.workflow!r}, which is not declared",
+                     hint="Declare the workflow in a workflows.py, or correct the schedule's workflow.",
+                     id="durableruns.E023")
+        for s in schedules.schedules() if s.workflow not in known]
+    for declared in schedules.schedules():  # each rule the workflow holds the input to (schedules.INPUT_RULES)
+        refused = schedules.input_refused(declared)
+        if refused is not None:
+            messages.append(checks.Error(
+                f"schedule {declared.name!r}: {refused}",
+                hint="Every slot's run would be refused, so none would start: correct the schedule's input, or "
+                     "the workflow's concurrency_key.",
+                id="durableruns.E024"))
+    return messages
 
 
 @checks.register(TAG)

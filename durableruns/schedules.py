@@ -11,12 +11,16 @@ latest becomes the last; the primary key refuses a slot's second run whatever ha
 After downtime, `catch_up="latest"` starts only the latest slot missed, `"all"` every one (at most
 DURABLERUNS_SCHEDULE_CATCH_UP_MAX, the latest ones; the rest are logged as skipped). A schedule's slots count
 from when a worker first saw it: declaring one never starts the slots before it.
+
+A schedule whose input its workflow refuses (INPUT_RULES: today its concurrency key) is one schedule's trouble:
+a system check reports it (durableruns.E024), and at run time it is logged, skipped, and named by runs_health and
+the admin's schedules page, while every other schedule and every run goes on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,8 +30,8 @@ from cronsim import CronSim, CronSimError
 from django.utils import timezone as django_timezone
 
 from durableruns import conf, store
-from durableruns.errors import DeclarationError, ResultNotJSON, UnknownWorkflow
-from durableruns.registry import get_workflow
+from durableruns.errors import DeclarationError, DurableRunsError, InvalidInput, ResultNotJSON, UnknownWorkflow
+from durableruns.registry import Workflow, get_workflow
 
 log = logging.getLogger("durableruns")
 
@@ -155,6 +159,30 @@ def due(declared: Schedule, *, after: datetime, now: datetime, cap: int) -> tupl
     return slots_between(declared.cron, declared.zone, after, now, limit=limit)
 
 
+# -- what a workflow asks of a schedule's input ------------------------------------------------------------
+
+# Each rule asks the workflow about the schedule's input and raises InvalidInput if the workflow refuses it, as a
+# start() of that input would be refused. Another rule of the input (a workflow's declared attributes) joins here.
+INPUT_RULES: tuple[Callable[[Workflow, dict[str, Any]], object], ...] = (
+    lambda workflow, input: workflow.limit_key(input),  # its concurrency key, read from the input
+)
+
+
+def input_refused(declared: Schedule) -> str | None:
+    """Why the schedule's workflow refuses its input (every slot's run would be refused), or None: the input
+    passes every rule, or the workflow is not declared in this deploy (its own trouble, E023)."""
+    try:
+        workflow = get_workflow(declared.workflow)
+    except UnknownWorkflow:
+        return None
+    for rule in INPUT_RULES:
+        try:
+            rule(workflow, dict(declared.input))
+        except InvalidInput as exc:
+            return str(exc)
+    return None
+
+
 # -- starting them ---------------------------------------------------------------------------------------------
 
 
@@ -165,13 +193,16 @@ class Tick:
 
     started: tuple[str, ...] = ()
     next_in: float | None = None
+    troubles: tuple[tuple[str, str], ...] = ()  # (schedule, what went wrong): each skipped, the others started
 
 
 def start_due(*, clock: Any = None) -> Tick:
     """Start the run of every slot that has come, for every declared schedule; say when the next slot comes.
 
     Safe from any number of workers at once: each schedule's slots are started in one commit under its row lock,
-    and the run_id of a slot is the database's guard against a second run of it."""
+    and the run_id of a slot is the database's guard against a second run of it. One schedule's trouble (an input
+    its workflow refuses) is logged and skips that schedule only: its slots wait, unstarted, for a deploy that
+    mends it (then `catch_up` says which start)."""
     if not _declared:
         return Tick()
     clock = clock or store.DATABASE
@@ -179,7 +210,9 @@ def start_due(*, clock: Any = None) -> Tick:
     known = store.schedule_marks([s.name for s in schedules()], now=now)
     started: list[str] = []
     upcoming: list[datetime] = []
+    troubles: list[tuple[str, str]] = []
     for declared in schedules():
+        upcoming.append(declared.next_slot(now))
         after = known[declared.name]
         slots, left_out = due(declared, after=after, now=now, cap=conf.schedule_catch_up_max())
         if slots:
@@ -204,18 +237,30 @@ def start_due(*, clock: Any = None) -> Tick:
                     slot_text(slots[-1]),
                     slot_text(after),
                 )
-            started += store.start_slots(
-                schedule=declared.name,
-                slots=[(s, declared.run_id(s)) for s in slots],
-                workflow=workflow.name,
-                plan=workflow.as_plan(),
-                input=dict(declared.input),
-                clock=clock,
-                concurrency_key=workflow.limit_key(dict(declared.input)),
-            )
-        upcoming.append(declared.next_slot(now))
+            try:
+                refused = input_refused(declared)
+                if refused is not None:
+                    raise InvalidInput(refused)
+                started += store.start_slots(
+                    schedule=declared.name,
+                    slots=[(s, declared.run_id(s)) for s in slots],
+                    workflow=workflow.name,
+                    plan=workflow.as_plan(),
+                    input=dict(declared.input),
+                    clock=clock,
+                    concurrency_key=workflow.limit_key(dict(declared.input)),
+                )
+            except DurableRunsError as exc:  # this schedule's own trouble: the others go on
+                troubles.append((declared.name, str(exc)))
+                log.error(
+                    "schedule %s: slot %s not started: %s; the other schedules go on, this one's slots wait for a "
+                    "deploy that mends it",
+                    declared.name,
+                    slot_text(slots[-1]),
+                    exc,
+                )
     next_in = (min(upcoming) - now).total_seconds() if upcoming else None
-    return Tick(started=tuple(started), next_in=next_in)
+    return Tick(started=tuple(started), next_in=next_in, troubles=tuple(troubles))
 
 
 def aware(value: datetime) -> datetime:

@@ -317,6 +317,7 @@ def resume_due(
             listener.stop()
         if timetable is not None:
             timetable.stop()
+            report.timetable_restarts = timetable.restarts
     return report
 
 

@@ -150,7 +150,28 @@ def check(*, limits: dict[str, Thresholds] | None = None, clock: Clock | None = 
     report.problems.extend(check_workers(now, chosen["skew"]))
     report.problems.extend(check_replication())
     report.problems.extend(check_triggers())
+    report.problems.extend(check_schedules())
     return report
+
+
+def check_schedules() -> list[Problem]:
+    """Critical for each declared schedule whose input its workflow refuses: its slots are skipped (the other
+    schedules go on), so no run of it starts until a deploy mends it. Read from this deploy's declarations, the
+    same rules every look at the timetable applies (schedules.INPUT_RULES)."""
+    from durableruns import schedules
+
+    refused = [(s.name, why) for s in schedules.schedules() if (why := schedules.input_refused(s)) is not None]
+    if not refused:
+        return []
+    named = "; ".join(f"{name}: {why}" for name, why in refused)
+    return [
+        Problem(
+            check="schedules",
+            level=Level.CRITICAL,
+            count=len(refused),
+            message=f"{len(refused)} schedule(s) start no run, their workflow refusing their input: {named}",
+        )
+    ]
 
 
 # The triggers on run_state the record relies on (migrations 0018 and 0019), by database, and what stops without

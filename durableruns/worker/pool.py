@@ -180,6 +180,7 @@ class PassReport:
     outlived: list[str] = field(default_factory=list)  # steps in hand that outlived their timeout (watchdog)
     claims: int = 0  # claims made, and how many of them found nothing due
     found_nothing: int = 0
+    timetable_restarts: int = 0  # a --loop worker's timetable, started again after a look raised (logged)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count_claim(self, *, found: bool) -> None:
@@ -202,10 +203,15 @@ class PassReport:
         crashed = f", {len(self.crashed)} raised" if self.crashed else ""
         pickup = f"; {self.pickup}" if self.pickup else ""
         outlived = "".join(f"\n  outlived its timeout: {step}" for step in self.outlived)
+        restarts = (
+            f"; the timetable raised and was started again {self.timetable_restarts} time(s)"
+            if self.timetable_restarts
+            else ""
+        )
         return (
             f"{len(self.outcomes)} run(s) handled in {self.seconds:.2f}s: {counts}{crashed}; "
             f"{self.steps_run} step(s) run; {self.claims} claim(s), {self.found_nothing} found nothing"
-            f"{pickup}{outlived}"
+            f"{pickup}{restarts}{outlived}"
         )
 
 

@@ -51,3 +51,11 @@ def test_a_schedule_this_deploy_no_longer_declares_says_so():
     schedules._declared.clear()
     client = logged_in(staff("sched", "view_schedulestate"))
     assert "not declared in this deploy" in client.get("/admin/durableruns/schedulestate/").content.decode()
+
+
+def test_a_schedule_whose_input_its_workflow_refuses_says_why_no_slot_starts():
+    durableruns.schedule("bad", "keyed", "* * * * *", input={"seller": "x"})
+    durableruns.schedule("good", "ticked", "* * * * *")
+    schedules.start_due()
+    text = logged_in(staff("sched", "view_schedulestate")).get("/admin/durableruns/schedulestate/").content.decode()
+    assert text.count("no slot starts:") == 1 and "concurrency_key cannot be read" in text

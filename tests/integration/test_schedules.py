@@ -5,6 +5,7 @@ moved with Clock(shift=...), every statement of a look together."""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -118,3 +119,63 @@ def test_a_schedule_naming_an_undeclared_workflow_is_a_system_check_error_and_st
     schedules.start_due(clock=at(BASE))
     assert schedules.start_due(clock=at(BASE + timedelta(minutes=2))).started == ()
     assert "not declared in this deploy" in caplog.text and runs("orphan") == []
+
+
+# -- one schedule's trouble (issue 30, item 2) -------------------------------------------------------------------
+
+
+def test_a_schedule_whose_input_the_workflow_refuses_is_a_check_error_and_skips_only_itself(caplog):
+    from django.core import checks
+
+    from durableruns.ops import health
+
+    durableruns.schedule("bad", "keyed", "* * * * *", input={"seller": "x"})  # keyed reads input["buyer"]
+    durableruns.schedule("good", "ticked", "* * * * *")
+    errors = [m for m in checks.run_checks(tags=["durableruns"]) if m.id == "durableruns.E024"]
+    assert len(errors) == 1 and "'bad'" in errors[0].msg and "KeyError" in errors[0].msg
+    schedules.start_due(clock=at(BASE))
+    with caplog.at_level(logging.ERROR, logger="durableruns"):
+        tick = schedules.start_due(clock=at(BASE + timedelta(minutes=1)))  # raised KeyError before any claim
+    assert tick.started == ("good@2026-06-01T09:01:00Z",) and runs("bad") == []
+    assert [name for name, _ in tick.troubles] == ["bad"] and "concurrency_key" in tick.troubles[0][1]
+    assert "schedule bad: slot 2026-06-01T09:01:00Z not started" in caplog.text
+    (problem,) = [p for p in health.check().problems if p.check == "schedules"]
+    assert problem.level is health.Level.CRITICAL and "bad:" in problem.message and "good" not in problem.message
+
+
+def test_a_pass_of_resume_runs_works_its_runs_whatever_one_schedule_says():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    durableruns.start("ticked", {}, run_id="unscheduled")
+    durableruns.schedule("bad", "keyed", "* * * * *", input={})
+    durableruns.schedule("good", "ticked", "* * * * *")
+    schedules.start_due(clock=at(BASE))
+    call_command("resume_runs", "--once", stdout=StringIO())  # exited 1 with a KeyError's traceback before
+    assert RunState.objects.get(pk="unscheduled").status == RunStatus.COMPLETED
+
+
+def test_a_timetable_whose_look_raises_is_started_again_and_counted(monkeypatch, caplog):
+    from durableruns.worker.pool import Waker
+    from durableruns.worker.timetable import Timetable
+
+    looks = []
+
+    def start_due(*, clock=None):
+        looks.append(clock)
+        if len(looks) == 1:
+            raise RuntimeError("a bug in a look")
+        return schedules.Tick(next_in=0.05)
+
+    monkeypatch.setattr(schedules, "start_due", start_due)
+    monkeypatch.setattr(Timetable, "RESTART_SECONDS", 0.05, raising=False)
+    timetable = Timetable(Waker(), Clock()).start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(looks) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        timetable.stop()
+    assert len(looks) >= 3 and timetable.restarts == 1  # it went on looking after the bug: it did not die
+    assert "timetable: a look raised" in caplog.text and "RuntimeError: a bug in a look" in caplog.text
