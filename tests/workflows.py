@@ -528,3 +528,59 @@ def warehouses(*names: str, each: dict[str, dict[str, Any]] | None = None, **ext
     """A shipping run's input: one booking per warehouse, with each={"south": {"fail": True}} added to the
     named warehouses' inputs, and `extra` to the run's."""
     return {"warehouses": [{"warehouse": n, **(each or {}).get(n, {})} for n in names], **extra}
+
+
+# A parent whose children are still unfinished when it ends, each way (issue 30, item 3): `end` in its input is
+# "complete", "fail", "reject" (its approval rejected: on_reject="cancel"), "abandon" (its escalated step abandoned
+# by staff) or "cancel" (left waiting at `hold` for a staff cancel). Each child naps, then books a counted
+# shipment: a child that goes on after its parent was cancelled shows as a booking.
+napping_child = Workflow("napping_child")
+napping_child.sleep("nap", lambda ctx: timedelta(seconds=float(ctx.input.get("nap", 3600))))
+
+
+@napping_child.step(policy="resolvable", lookup=find_shipment, lookup_lag=LAG, timeout=TIMEOUT)
+def book_after_nap(ctx: Any) -> dict[str, Any]:
+    return systems().carrier.book(key=ctx.effect_key, address=str(ctx.input.get("n")), parcels=1)
+
+
+# A child that holds a reservation while it naps: a cancel gives it back before the child ends.
+napping_holder = Workflow("napping_holder")
+
+
+@napping_holder.step(policy="re_executable", release=_give_back("hold_stock"))
+def hold_stock(ctx: Any) -> dict[str, Any]:
+    return systems().warehouse.reserve(1, key=ctx.effect_key)
+
+
+napping_holder.sleep("nap_holding", lambda ctx: timedelta(seconds=float(ctx.input.get("nap", 3600))))
+
+guardian = Workflow("guardian")
+
+
+@guardian.step(policy="re_executable")
+def start_nappers(ctx: Any) -> dict[str, Any]:
+    naps = ctx.input.get("naps", [3600, 3600])
+    flow = napping_holder if ctx.input.get("holder") else napping_child
+    return {"children": [ctx.start_run(flow, {"n": n, "nap": nap}, key=n) for n, nap in enumerate(naps)]}
+
+
+guardian.approval("go_ahead", when=lambda ctx: ctx.input["end"] == "reject", on_reject="cancel")
+
+
+@guardian.step(policy="escalate", when=lambda ctx: ctx.input["end"] == "abandon")
+def call_the_supplier(ctx: Any) -> None:
+    """Ask the supplier by phone whether the order stands."""
+    raise RuntimeError("the supplier's answer was lost")
+
+
+@guardian.step(policy="re_executable", max_attempts=1, fails_on=Rejected, when=lambda ctx: ctx.input["end"] == "fail")
+def refuse_order(ctx: Any) -> None:
+    raise Rejected("the supplier refused the order")
+
+
+guardian.wait_for("hold", event="released", when=lambda ctx: ctx.input["end"] == "cancel")
+
+
+@guardian.step(policy="re_executable")
+def close_order(ctx: Any) -> dict[str, Any]:
+    return {"closed": True}

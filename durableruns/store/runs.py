@@ -29,6 +29,7 @@ from durableruns.store.base import (
     to_json,
     wake_workers,
 )
+from durableruns.store.cancels import SYSTEM_ACTOR, announce_cancelled, cancel_with
 from durableruns.store.children import wake_parent
 from durableruns.store.plans import plan_of, record_plan
 from durableruns.store.sql import WAKE_CHANNEL, Times, hot_path, one, rowcount
@@ -198,7 +199,10 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
             reason: str = "") -> None:
     """Hand the run back: waiting until `wake_at` (a time of the database's clock), or stopped (completed,
     failed, cancelled, needs_decision)."""
+    cancelled: tuple[list[str], str] = ([], "")
     with transaction.atomic(using=conf.database(), durable=True):
+        if status == RunStatus.CANCELLED:  # its descendants first: a fenced-out worker's commit rolls them back
+            cancelled = cancel_with(lease, reason=reason, clock=clock)
         moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
             status=status, wake_at=wake_at, reason=storable(reason), lease_expires_at=None,
             updated_at=clock.expression()
@@ -209,14 +213,19 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
             wake_workers()
         elif status in ENDED:
             wake_parent(lease.run_id, clock)
+    announce_cancelled(cancelled[0], reason=cancelled[1], by=SYSTEM_ACTOR)
     signals.run_finished(lease.run_id, status, reason=storable(reason))  # signals: completed, failed, cancelled
 
 
 def begin_ending(lease: Lease, *, ending: str, reason: str, clock: Clock = DATABASE) -> None:
     """Record that the run, still in this worker's hands, ends unfinished as `ending` once it has given back
     what it holds: a crash from here on resumes the releasing, not the run."""
+    cancelled: tuple[list[str], str] = ([], "")
     with transaction.atomic(using=conf.database(), durable=True):
+        if ending == RunStatus.CANCELLED:  # its descendants first: a fenced-out worker's commit rolls them back
+            cancelled = cancel_with(lease, reason=reason, clock=clock)
         fence(lease, clock, ending=ending, reason=storable(reason))
+    announce_cancelled(cancelled[0], reason=cancelled[1], by=SYSTEM_ACTOR)
 
 
 def end(lease: Lease, *, clock: Clock = DATABASE, status: str | None = None, reason: str | None = None) -> str:

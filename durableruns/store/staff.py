@@ -12,39 +12,13 @@ from django.db.models import F
 from durableruns import conf, signals
 from durableruns.boundary import compute_boundary
 from durableruns.clock import Clock
-from durableruns.errors import AlreadyDecided, FencedOut, RunNotActionable, RunNotFound, UnknownWorkflow
-from durableruns.holdings import RELEASE_SUFFIX, assess, needs_releasing
+from durableruns.errors import AlreadyDecided, FencedOut, RunNotActionable, RunNotFound
 from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep, StepStatus
 from durableruns.plans import Plan, attempted_in_order, check_fit
-from durableruns.registry import get_workflow
 from durableruns.store.base import DATABASE, ENDED, Lease, storable, wake_workers
+from durableruns.store.cancels import announce_cancelled, cancel_descendants, ending_fields, staff_act
 from durableruns.store.children import wake_parent
 from durableruns.store.plans import plan_of, record_plan
-
-
-def _ending_fields(run_id: str, final: str, *, release: str = "") -> dict[str, Any]:
-    """How a staff act that ends a run unfinished sets its status: `final` at once when the run holds nothing
-    a worker must give back, else pending with `ending` = `final` (a worker releases, then sets it). Staff act
-    outside a worker: the releases are effects, and never run in a web request or inside this transaction.
-
-    Abandoning the escalation of a release itself (`release` names a release step) gives up on that release
-    only: the run stays ending, a worker goes on with the other releases and then ends it, and its holdings
-    still list the abandoned hold (nobody pretends it is gone)."""
-    current = RunState.objects.filter(pk=run_id).values_list("workflow", "ending").get()
-    workflow_name, ending = current
-    if ending and release.endswith(RELEASE_SUFFIX):
-        return {"status": RunStatus.PENDING}
-    try:
-        workflow = get_workflow(workflow_name)
-    except UnknownWorkflow:
-        return {"status": final, "ending": ""}
-    acquisitions = workflow.acquisitions()
-    if not acquisitions:
-        return {"status": final, "ending": ""}
-    attempts = [row.to_attempt() for row in RunStep.objects.filter(run_id=run_id)]
-    if needs_releasing(assess(workflow.plan, acquisitions, attempts)):
-        return {"status": RunStatus.PENDING, "ending": final}
-    return {"status": final, "ending": ""}
 
 
 def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime | None,
@@ -85,6 +59,8 @@ def record_decision(
 
     The one-to-one between decision and escalation is what makes a second, concurrent decision fail.
     """
+    cancelled: list[str] = []
+    cascade = ""
     try:
         with transaction.atomic(using=conf.database(), durable=True):
             now = clock.now()  # the database's, read once: the decision and what it changes carry one time
@@ -112,14 +88,20 @@ def record_decision(
             elif action == Intervention.Action.DID_NOT_HAPPEN:
                 run_fields.update(status=RunStatus.PENDING, reason=f"{decided_by}: it did not happen, run again")
             else:
-                run_fields.update(reason=f"abandoned by {decided_by}: {note}",
-                                  **_ending_fields(escalation.run_id, RunStatus.CANCELLED, release=escalation.step))
+                ending = ending_fields(escalation.run_id, RunStatus.CANCELLED, release=escalation.step)
+                if RunStatus.CANCELLED in (ending["status"], ending.get("ending")):  # not a release's abandon
+                    # Its descendants before its own row (cancel_descendants says why): none of them goes on.
+                    cascade = f"abandoned by {decided_by} with {escalation.run_id}: {note}"
+                    cancelled = cancel_descendants(escalation.run_id, reason=cascade, decided_by=decided_by,
+                                                   user_id=user_id, now=now)
+                run_fields.update(reason=f"abandoned by {decided_by}: {note}", **ending)
             RunState.objects.filter(pk=escalation.run_id).update(**run_fields)
             if run_fields["status"] == RunStatus.PENDING:
                 wake_workers()
             elif run_fields["status"] in ENDED:
                 wake_parent(escalation.run_id, clock)
-            return decision
+        announce_cancelled(cancelled, reason=cascade, by=decided_by)
+        return decision
     except IntegrityError:
         first = Intervention.objects.select_related(None).get(escalation_id=escalation_id)
         raise AlreadyDecided(
@@ -150,19 +132,23 @@ def record_staff_action(
     nobody will resume. Locks are taken escalation first, then run, the order record_decision uses.
     """
     cancelled: list[str] = []
+    seen: set[str] = set()
+    cascade = f"cancel by {decided_by} with {run_id}: {note}"
     with transaction.atomic(using=conf.database(), durable=True):
         now = clock.now()
         pending = None
         if action == Intervention.Action.CANCEL:
-            # Its unfinished descendants first, the deepest first: a child's row is locked before its parent's,
-            # the order a child's own end takes them (wake_parent, for the last child), so they never deadlock.
-            for child in reversed(_descendants(run_id)):
-                if _cancel_child(child, ancestor=run_id, decided_by=decided_by, user_id=user_id, note=note,
-                                 now=now):
-                    cancelled.append(child)
+            # Its unfinished descendants first, the deepest first (cancel_descendants says why that order).
+            cancelled += cancel_descendants(run_id, reason=cascade, decided_by=decided_by, user_id=user_id, now=now,
+                                            seen=seen)
             pending = (Escalation.objects.select_for_update(of=("self",))
                        .filter(run_id=run_id, decision__isnull=True).first())
         run = RunState.objects.select_for_update().filter(pk=run_id).first()
+        if run is not None and action == Intervention.Action.CANCEL:
+            # A child recorded between that reading and this lock (its insert held the parent's row, which this
+            # waited for) is in the record now, and no other can be added: read again, and cancel it too.
+            cancelled += cancel_descendants(run_id, reason=cascade, decided_by=decided_by, user_id=user_id, now=now,
+                                            seen=seen)
         if run is None:
             raise RunNotFound(run_id=run_id)
         if run.status not in allowed_from:
@@ -178,7 +164,7 @@ def record_staff_action(
             )
         status_fields: dict[str, Any] = {"status": new_status}
         if action == Intervention.Action.CANCEL:
-            status_fields = _ending_fields(run_id, new_status)
+            status_fields = ending_fields(run_id, new_status)
             new_status = status_fields["status"]
         RunState.objects.filter(pk=run_id).update(
             epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None, updated_at=now,
@@ -190,54 +176,9 @@ def record_staff_action(
             wake_parent(run_id, clock)
         fields: dict[str, Any] = {"run_id": run_id, "step": step, "attempt": attempt, "action": action,
                                   "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": note}
-        act = _staff_act(fields, pending)
-    for child in cancelled:  # signals
-        signals.run_finished(child, RunStatus.CANCELLED, reason=f"cancel by {decided_by} with {run_id}: {note}",
-                             by=decided_by)
+        act = staff_act(fields, pending)
+    announce_cancelled(cancelled, reason=cascade, by=decided_by)  # signals, once committed
     return act
-
-
-def _staff_act(fields: dict[str, Any], pending: Escalation | None) -> Intervention:
-    """Record a staff act on a run, closing its open escalation `pending` with it if a decision has not."""
-    if pending is not None:
-        try:
-            with transaction.atomic(using=conf.database()):  # a decision may have won the escalation meanwhile
-                return Intervention.objects.create(escalation=pending, **dict(
-                    fields, step=pending.step, attempt=pending.attempt))
-        except IntegrityError:
-            pass
-    return Intervention.objects.create(**fields)
-
-
-def _descendants(run_id: str) -> list[str]:
-    """The run's children, then their children, and so on: breadth first, by the parent index."""
-    found: list[str] = []
-    frontier = [run_id]
-    while frontier:
-        frontier = list(RunState.objects.filter(parent_id__in=frontier).order_by("run_id")
-                        .values_list("run_id", flat=True))
-        found.extend(frontier)
-    return found
-
-
-def _cancel_child(run_id: str, *, ancestor: str, decided_by: str, user_id: int | None, note: str,
-                  now: datetime) -> bool:
-    """Inside the cancel of `ancestor`: cancel its descendant `run_id` if it is unfinished, as a staff cancel of
-    it would (its open escalation closed, what it holds given back by a worker first, its worker fenced out by
-    the epoch bump); False if it had ended."""
-    pending = (Escalation.objects.select_for_update(of=("self",))
-               .filter(run_id=run_id, decision__isnull=True).first())
-    if RunState.objects.select_for_update().filter(pk=run_id).unfinished().values_list("pk", flat=True).first() is None:
-        return False
-    fields = _ending_fields(run_id, RunStatus.CANCELLED)
-    reason = f"cancel by {decided_by} with {ancestor}: {note}"
-    RunState.objects.filter(pk=run_id).update(epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None,
-                                              updated_at=now, reason=storable(reason), **fields)
-    if fields["status"] == RunStatus.PENDING:
-        wake_workers()  # a worker gives back what it holds, then ends it cancelled
-    _staff_act({"run_id": run_id, "step": "", "attempt": None, "action": Intervention.Action.CANCEL,
-                "decided_by": decided_by, "user_id": user_id, "decided_at": now, "note": reason}, pending)
-    return True
 
 
 def adopt_plan(

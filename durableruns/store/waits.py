@@ -219,12 +219,15 @@ def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str |
     encoded = to_json(payload, what="the payload")
     alias = conf.database()
     with transaction.atomic(using=alias, durable=not connections[alias].in_atomic_block):
-        status = (RunState.objects.select_for_update().filter(pk=run_id)
-                  .values_list("status", flat=True).first())
-        if status is None:
+        row = RunState.objects.select_for_update().filter(pk=run_id).values_list("status", "ending").first()
+        if row is None:
             raise RunNotFound(run_id=run_id)
+        status, ending = row
         if status in ENDED:
             raise RunNotActionable(f"the run is {status}: it waits for nothing", run_id=run_id, status=status)
+        if ending:  # giving back what it holds before it ends: no wait of it will ever consume the event
+            raise RunNotActionable(f"the run is being {ending} (giving back what it holds): it waits for nothing",
+                                   run_id=run_id, status=status)
         if on_postgresql():  # one statement: ON CONFLICT keeps the caller's transaction whole, no savepoint
             return _pg_record_event(run=run_id, event=event, key=key, payload=encoded, shift=clock.shift)
         if key is not None and RunEvent.objects.filter(run_id=run_id, key=key).exists():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -247,3 +248,132 @@ def test_two_last_children_ending_at_once_still_wake_their_parent_at_once(far: F
     assert status(run_id) == RunStatus.COMPLETED
     (joined,) = RunStep.objects.filter(run_id=run_id, step="bookings")
     assert {child: r["status"] for child, r in joined.result.items()} == {a: "completed", b: "completed"}
+
+
+# -- a parent that ends cancelled, every way, and one that fails (issue 30, item 3) ------------------------------
+
+
+def _guardian(end: str, run_id: str) -> tuple[str, list[str]]:
+    """A guardian parent whose two children are napping (an hour) when it reaches the way it ends."""
+    durableruns.start("guardian", {"end": end}, run_id=run_id)
+    services.resume_due(run_id=run_id)  # starts its children, then goes on to its ending
+    nappers = [child_run_id(run_id, "start_nappers", n) for n in (0, 1)]
+    for child in nappers:
+        services.resume_due(run_id=child)
+    assert {status(c) for c in nappers} == {RunStatus.WAITING}
+    return run_id, nappers
+
+
+def _end_parent(end: str, run_id: str) -> None:
+    if end == "reject":
+        services.decide(run_id, "go_ahead", "reject", by="manager", note="over budget")
+    elif end == "abandon":
+        assert Escalation.objects.open().filter(run_id=run_id).exists()
+        services.decide(run_id, "call_the_supplier", "abandon", by="ops", note="the supplier gave up")
+    elif end == "cancel":
+        services.cancel_run(run_id, by="ops", note="the buyer withdrew")
+    services.resume_due(run_id=run_id)
+
+
+@pytest.mark.parametrize("end", ["reject", "abandon", "cancel"])
+def test_every_way_a_parent_ends_cancelled_cancels_its_napping_children_before_they_act(far: FarSystems,
+                                                                                       end: str) -> None:
+    run_id, nappers = _guardian(end, f"guard-{end}")
+    _end_parent(end, run_id)
+    assert status(run_id) == RunStatus.CANCELLED
+    for child in nappers:
+        row = RunState.objects.get(pk=child)
+        assert row.status == RunStatus.CANCELLED and f"with {run_id}" in row.reason, row.reason
+        assert Intervention.objects.filter(run_id=child, action="cancel").exists()
+    services.resume_due(clock=Clock(shift=timedelta(hours=2)))  # past every nap
+    assert far.carrier.count() == 0  # before: a rejected or abandoned parent's children woke and booked
+
+
+def test_a_failed_parent_leaves_its_children_going_on(far: FarSystems) -> None:
+    run_id, nappers = _guardian("fail", "guard-fail")
+    assert status(run_id) == RunStatus.FAILED
+    services.resume_due(clock=Clock(shift=timedelta(hours=2)))
+    assert {status(c) for c in nappers} == {RunStatus.COMPLETED} and far.carrier.count() == 2  # as documented
+
+
+@pytest.mark.parametrize("end", ["reject", "abandon"])
+def test_a_child_holding_a_reservation_gives_it_back_then_ends_cancelled_with_its_parent(far: FarSystems,
+                                                                                         end: str) -> None:
+    run_id = f"guard-holds-{end}"
+    durableruns.start("guardian", {"end": end, "holder": True, "naps": [3600]}, run_id=run_id)
+    services.resume_due(run_id=run_id)
+    holder = child_run_id(run_id, "start_nappers", 0)
+    services.resume_due(run_id=holder)  # it reserves, then naps
+    assert status(holder) == RunStatus.WAITING and len(far.warehouse.held()) == 1
+    _end_parent(end, run_id)
+    assert RunState.objects.get(pk=holder).ending == RunStatus.CANCELLED  # a worker gives it back first
+    services.resume_due()
+    assert status(holder) == RunStatus.CANCELLED and far.warehouse.held() == []
+    assert len(far.warehouse.releases()) == 1
+
+
+# -- a child recorded while its parent is being cancelled (issue 30, item 4) -------------------------------------
+
+
+@pytest.mark.postgres
+def test_a_child_recorded_while_its_parent_is_being_cancelled_is_cancelled_too(far: FarSystems) -> None:
+    """The staff cancel reads the parent's descendants, then waits for the parent's row; a child recorded in that
+    gap (its insert holds the parent's row) is in the record when the cancel goes on, and is cancelled with it.
+
+    Forced with real sessions: the parent's step has returned; another session holds the parent's row, so the
+    step's result commit (which records the children) waits on it; the cancel then reads no child and queues on
+    the row behind it; the holder commits, the children are recorded, then the cancel goes on."""
+    import psycopg
+
+    from durableruns.connections import plain_params
+
+    run_id = durableruns.start("shipping", warehouses("north"), run_id="ship-gap")
+    north = child_run_id(run_id, "book_warehouses", "north")
+    returned, row_locked = threading.Event(), threading.Event()
+
+    def hook(point: str, step: str) -> None:
+        if threading.current_thread().name == "parent" and (point, step) == ("after_return", "book_warehouses"):
+            returned.set()
+            row_locked.wait(10)
+
+    def in_thread(name: str, work) -> threading.Thread:
+        def run() -> None:
+            try:
+                work()
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=run, name=name)
+        thread.start()
+        return thread
+
+    waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s "
+               "AND datname = current_database()")
+
+    def until_waiting(watcher, blocker, n: int, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while watcher.execute(waiting, [blocker.info.backend_pid]).fetchone()[0] < n:
+            assert time.monotonic() < deadline, what
+            time.sleep(0.01)
+
+    testing.arm(hook)
+    try:
+        with (psycopg.connect(**plain_params("default")) as blocker,
+              psycopg.connect(**plain_params("default"), autocommit=True) as watcher):
+            parent = in_thread("parent", lambda: services.resume_due(run_id=run_id))
+            assert returned.wait(30)
+            blocker.execute("SELECT 1 FROM run_state WHERE run_id = %s FOR UPDATE", [run_id])
+            row_locked.set()
+            until_waiting(watcher, blocker, 1, "the step's result commit never waited on the parent's row")
+            assert not RunState.objects.filter(pk=north).exists()
+            cancel = in_thread("cancel", lambda: services.cancel_run(run_id, by="ops", note="withdrawn"))
+            until_waiting(watcher, blocker, 2, "the cancel never waited on the parent's row")
+            blocker.commit()  # the result commit goes first (it queued first), then the cancel
+            cancel.join(30)
+            parent.join(30)
+    finally:
+        testing.arm(None)
+    assert status(run_id) == RunStatus.CANCELLED
+    assert status(north) == RunStatus.CANCELLED  # before: pending, and worked to its booking below
+    services.resume_due()
+    assert far.carrier.count() == 0
