@@ -366,7 +366,8 @@ class Engine:
     def _next_attempt(self, state: _Pass, step: Step) -> int:
         return 1 + max((a.attempt for a in state.attempts if a.step == step.name), default=0)
 
-    def _asking(self, state: _Pass, step: Step, index: int, ask: Callable[[], Any]) -> Any:
+    def _asking(self, state: _Pass, step: Step, index: int, ask: Callable[[], Any],
+                raised: str = waits.ASKING_RAISED) -> Any:
         """Ask users' code a question about `step` before it acts (its when=, a sleep's time). A raise is the
         step's error under its policy: an observed failure of an attempt that did nothing, retried with backoff
         up to its attempts, then the run fails."""
@@ -376,7 +377,7 @@ class Engine:
         except (FencedOut, EffectInTransaction):
             raise
         except Exception as exc:  # users' code
-            error = f"{waits.ASKING_RAISED}{_describe(exc)}"
+            error = f"{raised}{_describe(exc)}"  # which question raised: a when= is asked again, a time not
         attempt = self._next_attempt(state, step)
         store.record_failure(state.lease, step=step.name, attempt=attempt, error=error, clock=self.clock,
                              intent_recorded=False, effect_key=effect_key(state.run_id, step.name))
@@ -420,7 +421,8 @@ class Engine:
             now = self.clock.now()
         asked = None
         if begun is None and wait.kind is waits.Kind.SLEEP:
-            asked = self._asking(state, step, index, lambda: _sleep_time(step, self._ctx(state, step, 1)))
+            asked = self._asking(state, step, index, lambda: _sleep_time(step, self._ctx(state, step, 1)),
+                                 raised=waits.TIME_RAISED)
         decision, staff, escalation_open = None, "", False
         if begun is not None and wait.kind is waits.Kind.APPROVAL:
             decision = _approval(state.run_id, step.name, begun.attempt)

@@ -317,9 +317,11 @@ def replace_event(facts: Facts) -> Facts:
     return Facts(now=facts.now, event=facts.event)
 
 
-# A failed attempt whose error starts so is one where the step's when= (or a sleep's time) raised: nothing
-# acted, and the question is asked again on the next attempt.
+# A failed attempt whose error starts so is one where the step's when= raised: nothing acted, and when= is asked
+# again on the next attempt. One where a sleep's time raised (TIME_RAISED) was asked after its when= said True:
+# that answer stands, and only the time is asked again.
 ASKING_RAISED = "asking raised: "
+TIME_RAISED = "asking its time raised: "
 
 
 def needs_asking(attempts: Sequence[StepAttempt]) -> bool:

@@ -351,6 +351,28 @@ def test_an_exception_from_when_is_the_steps_error():
     assert [r.status for r in rows(run_id, "never")] == ["failed", "failed"]
 
 
+def test_a_sleep_whose_time_raises_after_its_when_said_yes_is_not_asked_when_again():
+    asked = {"when": 0, "time": 0}
+
+    def when(ctx):
+        asked["when"] += 1
+        return True
+
+    def nap(ctx):
+        asked["time"] += 1
+        if asked["time"] == 1:
+            raise ValueError("no nap length yet")
+        return timedelta(seconds=0)
+
+    flow = Workflow("waits_sleep_time_raises", replace=True)
+    flow.sleep("nap", nap, when=when)
+    run_id = durableruns.start("waits_sleep_time_raises", {})
+    resume()  # when= says yes, then the time raises: a failed attempt, retried
+    resume()
+    resume()
+    assert run(run_id).status == RunStatus.COMPLETED and asked == {"when": 1, "time": 2}  # before: when 2
+
+
 # -- a waiting run holds nothing ----------------------------------------------------------------------------------
 
 

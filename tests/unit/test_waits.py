@@ -125,6 +125,7 @@ def test_an_event_consumed_is_named_and_a_timeout_reason_names_the_wait():
     [
         ([], True),
         ([StepAttempt(step="s", attempt=1, status="failed", error="asking raised: ValueError")], True),
+        ([StepAttempt(step="s", attempt=1, status="failed", error="asking its time raised: ValueError")], False),
         ([StepAttempt(step="s", attempt=1, status="failed", error="Rejected: no")], False),
         ([StepAttempt(step="s", attempt=1, status="completed")], False),
         ([StepAttempt(step="s", attempt=1, status="started")], False),
