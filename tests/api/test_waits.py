@@ -122,3 +122,13 @@ def test_an_approver_cannot_approve_a_step_that_is_not_an_approval(client_for, a
     with pytest.raises(durableruns.errors.ApprovalNotFound):
         durableruns.decide(escalation.run_id, escalation.step, "reject", by=approver, note="no")
     assert not Intervention.objects.filter(run_id=escalation.run_id).exists()
+
+
+def test_an_event_for_a_run_being_cancelled_is_refused_409(client_for, relay, far):
+    run_id = durableruns.start("napping_holder", {"nap": 3600}, run_id="holder-ending")
+    services.resume_due()  # it holds a reservation, then naps
+    services.cancel_run(run_id, by="ops", note="withdrawn")
+    assert RunState.objects.get(pk=run_id).ending == RunStatus.CANCELLED  # a worker gives it back first
+    refused = client_for(relay).post(url(run_id, "events"), {"event": "go"}, format="json")
+    assert refused.status_code == 409 and refused.json()["code"] == "run_not_actionable"  # before: 201, never read
+    assert not RunEvent.objects.filter(run_id=run_id).exists()
