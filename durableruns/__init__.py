@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from durableruns import errors
 from durableruns.errors import Rejected
 from durableruns.registry import Workflow
+from durableruns.version import __version__ as __version__  # its home is below the face (tracing reads it)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from durableruns.schedules import Schedule
 
 __all__ = ["Workflow", "Rejected", "start", "send", "result", "boundary", "decide", "adopt_plan", "schedule", "errors"]
-
-__version__ = "0.2.0"
 
 
 def start(workflow_name: str, input: Any, run_id: str | None = None, *, priority: int = 0) -> str:

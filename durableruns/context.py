@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 from django.db import connections
 
 from durableruns import testing
+from durableruns.encoding import to_json
 from durableruns.errors import DeclarationError, ResultNotJSON
-from durableruns.store import to_json
 
 T = TypeVar("T")
 R = TypeVar("R")

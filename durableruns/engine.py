@@ -11,23 +11,21 @@ import copy
 import json
 import logging
 import sys
-import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
-
-from durableruns import children, conf, plans, signals, store, testing, waits
+from durableruns import children, conf, plans, releasing, signals, store, testing, waiting, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
 from durableruns.errors import DeclarationError, EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
-from durableruns.holdings import acquisition_round, assess, given_back, last_completed, release_order, round_key
-from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep
+from durableruns.holdings import acquisition_round, assess, given_back, release_order, round_key
+from durableruns.models import Escalation, Resolution, RunState, RunStatus, RunStep
+from durableruns.passes import Pass, RunOutcome, Stop, describe, ensure_autocommit, load_attempts, step_timeout
 from durableruns.plans import Plan
 from durableruns.policies import (
     Action,
@@ -64,102 +62,16 @@ def tracing_in_use() -> ModuleType | None:
     return tracing
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunOutcome:
-    """How one pass over a run ended: the run's status afterwards and a line for the operator."""
-
-    run_id: str
-    status: str
-    detail: str
-    steps_run: int = 0
-    wake_at: datetime | None = None  # when a run left waiting comes due again (the database's clock)
-
-
-def ensure_autocommit() -> None:
-    """Refuse to act inside a transaction on the runs' database: a rollback after a real charge would erase the
-    evidence of it."""
-    db = connections[conf.database()]
-    if db.in_atomic_block or not db.get_autocommit():
-        raise EffectInTransaction()
-
-
-_ATTEMPT_FIELDS = ("step", "attempt", "status", "effect_key", "started_at", "finished_at", "renewed_at",
-                   "held_until", "raised_at", "loop_cursor", "progress", "result", "error")
-
-
-def load_attempts(run_id: str) -> list[StepAttempt]:
-    """Every attempt of the run, in one query (plain values: this runs once per claim)."""
-    return [StepAttempt(**row) for row in RunStep.objects.of_run(run_id).values(*_ATTEMPT_FIELDS)]
-
-
-@dataclass
-class _Pass:
-    """The mutable state of one pass over one run."""
-
-    claimed: Claimed
-    steps: list[Step]  # the run's own plan, with this deploy's functions
-    workflow: Workflow  # this deploy's declaration: its acquisitions' releases (durableruns.releasing)
-    boundary: Boundary
-    results: dict[str, Any] = field(default_factory=dict)
-    steps_run: int = 0
-    finished: bool = False  # the last result commit also completed the run
-    # The attempt in hand's last committed loop position and progress: where a new attempt continues.
-    loop_cursor: int = 0
-    progress: dict[str, Any] = field(default_factory=dict)
-    # The attempt number from which each step's attempts count again after a staff retry; read on first need.
-    _floors: dict[str, int] | None = None
-    # Per step, since its floor: [observed failures, ends in doubt], from the record, then counted in the pass.
-    _tally: dict[str, list[int]] = field(default_factory=dict)
-    attempts: list[StepAttempt] = field(default_factory=list)
-    # The child runs the attempt in hand asked for, recorded with its result (a re_executable step's).
-    children: dict[str, store.NewChild] = field(default_factory=dict)
-
-    def tally(self, step: str) -> list[int]:
-        """[failures, crashes] of `step` since staff last gave it a fresh count; the pass adds to it in place."""
-        counts = self._tally.get(step)
-        if counts is None:  # since staff's fresh count, or since it last completed (an acquisition made again)
-            floor = max(self.floor(step), last_completed(self.attempts, step))
-            mine = [a for a in self.attempts if a.step == step and a.attempt > floor]
-            counts = self._tally[step] = [sum(a.status == "failed" for a in mine),
-                                          sum(a.status == "started" for a in mine)]
-        return counts
-
-    @property
-    def plan_names(self) -> tuple[str, ...]:
-        """The run's own plan, by step name."""
-        return tuple(step.name for step in self.steps)
-
-    def floor(self, step: str) -> int:
-        if self._floors is None:
-            self._floors = {}
-            for name, attempt in Intervention.objects.filter(
-                run_id=self.run_id, action=Intervention.Action.RETRY
-            ).values_list("step", "attempt"):
-                self._floors[name] = max(self._floors.get(name, 0), attempt or 0)
-        return self._floors.get(step, 0)
-
-    @property
-    def lease(self) -> Lease:
-        return self.claimed.lease
-
-    @property
-    def run_id(self) -> str:
-        return self.claimed.lease.run_id
-
-
-class _Stop(Exception):
-    """Internal: the pass ends here with this outcome (the run was released or fenced out)."""
-
-    def __init__(self, outcome: RunOutcome) -> None:
-        self.outcome = outcome
-
-
 class Engine:
     """Works claimed runs. `clock` is injectable so tests can move time past a lookup's lag.
 
     `heartbeat` renews the lease of every run in hand (a worker process shares one among its threads; used alone,
     the engine starts its own). `stopping` is asked between steps: once it says yes, the run is handed back
     (pending) after the step in hand, with no next intent recorded, so it is not left in doubt.
+
+    The one loop over the plan: a step that waits has its move recorded by durableruns.waiting, a release of what
+    the run holds by durableruns.releasing. Both ask the engine only for what passes.Driver names (release,
+    end_unfinished, look_up, call, asking), the moves every kind shares.
     """
 
     def __init__(self, clock: Clock | None = None, *, heartbeat: Heartbeat | None = None,
@@ -222,19 +134,19 @@ class Engine:
             return self._leave(claimed, plan, missing, workflow_missing=workflow is None,
                                workflow=workflow, attempts=attempts, boundary=boundary)
         if workflow is None:  # every step done already: nothing of this deploy's is needed
-            return self._release(lease, RunStatus.COMPLETED, "")
+            return self.release(lease, RunStatus.COMPLETED, "")
         store.record_plan(plan, clock=self.clock)  # a no-op once this process knows it is recorded
         state = self._pass(claimed, plan, workflow, boundary, attempts)
         if claimed.ending:  # a run ending unfinished gives back what it holds, then ends
             stopped = _stopped_reason(claimed, plan, missing) if missing else ""
-            return self._settled(state, lambda: self._end_unfinished(state, claimed.ending, "", stopped=stopped))
+            return self._settled(state, lambda: self.end_unfinished(state, claimed.ending, "", stopped=stopped))
         return self._settled(state, lambda: self._drive(state))
 
-    def _settled(self, state: _Pass, go: Callable[[], RunOutcome]) -> RunOutcome:
-        """Run the pass `go`; its outcome, whether it returned, stopped (_Stop), or found itself fenced out."""
+    def _settled(self, state: Pass, go: Callable[[], RunOutcome]) -> RunOutcome:
+        """Run the pass `go`; its outcome, whether it returned, stopped (Stop), or found itself fenced out."""
         try:
             return go()
-        except _Stop as stop:
+        except Stop as stop:
             return stop.outcome
         except FencedOut as exc:
             lease = state.lease
@@ -246,13 +158,13 @@ class Engine:
     # -- the pass ----------------------------------------------------------------------------------------
 
     def _pass(self, claimed: Claimed, plan: Plan, workflow: Workflow, boundary: Boundary,
-              attempts: list[StepAttempt]) -> _Pass:
+              attempts: list[StepAttempt]) -> Pass:
         steps = [workflow.get(name) or _done_elsewhere(name, policy) for name, policy in plan.steps]
-        state = _Pass(claimed=claimed, steps=steps, workflow=workflow, boundary=boundary, attempts=attempts)
+        state = Pass(claimed=claimed, steps=steps, workflow=workflow, boundary=boundary, attempts=attempts)
         state.results = {s: boundary.latest[s].result for s in boundary.done}
         return state
 
-    def _drive(self, state: _Pass) -> RunOutcome:
+    def _drive(self, state: Pass) -> RunOutcome:
         plan = state.steps
         # Committed together with the previous step's result, or for the first step of a fresh run, the claim.
         pending_intent: Intent | None = state.claimed.first_intent
@@ -261,8 +173,8 @@ class Engine:
             if step.name in state.boundary.done:
                 continue
             if pending_intent is None and self._stopping():  # nothing in hand, nothing in doubt: hand it back
-                raise _Stop(self._release(state.lease, RunStatus.PENDING,
-                                          f"handed back before {step.name}: its worker was stopping"))
+                raise Stop(self.release(state.lease, RunStatus.PENDING,
+                                        f"handed back before {step.name}: its worker was stopping"))
             latest = state.boundary.latest.get(step.name)
             if pending_intent is not None and pending_intent.step == step.name:
                 intent, pending_intent = pending_intent, None
@@ -277,17 +189,17 @@ class Engine:
         return RunOutcome(run_id=state.run_id, status=RunStatus.COMPLETED,
                           detail=f"all {len(plan)} steps complete", steps_run=state.steps_run)
 
-    def _first_move(self, state: _Pass, step: Step, index: int, latest: StepAttempt | None
+    def _first_move(self, state: Pass, step: Step, index: int, latest: StepAttempt | None
                     ) -> tuple[Intent | None, bool]:
         """Decide what the boundary says about this step; return the intent to run, or None if settled."""
         if step.when is not None and waits.needs_asking([a for a in state.attempts if a.step == step.name]):
             if not self._applies(state, step, index):
                 return None, False  # recorded skipped, once
             if step.wait is None:  # its intent records the answer
-                return self._fresh_intent(state, step, index, attempt=self._next_attempt(state, step)), False
+                return self._fresh_intent(state, step, index, attempt=state.next_attempt(step)), False
             latest = None  # the wait begins (or completes at once): that records the answer
         if step.wait is not None:  # a step that waits: its kind says the move (durableruns.waits)
-            self._wait_move(state, step, index, latest)
+            waiting.wait_move(self, state, step, index, latest)
             return None, False
         if latest is None:
             return self._fresh_intent(state, step, index, attempt=1), False
@@ -299,7 +211,7 @@ class Engine:
             return self._apply(state, step, index, latest, verdict)
         return self._settle(state, step, index, latest)
 
-    def _settle(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, cause: str = ""
+    def _settle(self, state: Pass, step: Step, index: int, attempt: StepAttempt, cause: str = ""
                 ) -> tuple[Intent | None, bool]:
         """Settle an in-doubt attempt by the step's policy; `cause` says what put it in doubt, if it was seen."""
         signals.send_on_commit(signals.step_in_doubt, RunStep, run_id=state.run_id, workflow=state.claimed.workflow,
@@ -314,13 +226,13 @@ class Engine:
                                      decide=lambda: self._verdict(state, step, attempt, cause))
         return self._apply(state, step, index, attempt, verdict)
 
-    def _verdict(self, state: _Pass, step: Step, attempt: StepAttempt, cause: str) -> Next:
+    def _verdict(self, state: Pass, step: Step, attempt: StepAttempt, cause: str) -> Next:
         """What the step's policy makes of an in-doubt attempt: asks its lookup, or reads staff's decision."""
         outcome, escalation_open = self._escalation_state(state.run_id, step, attempt)
         verdict = settle_in_doubt(step.policy, attempt=attempt, escalation_open=escalation_open,
                                   staff_outcome=outcome)
         if verdict.action is Action.LOOK_UP:
-            verdict = self._look_up(state, step, attempt)
+            verdict = self.look_up(state, step, attempt)
         if cause:
             verdict = replace(verdict, reason=f"{verdict.reason} (the call raised {cause})")
         if step.policy is not Policy.ESCALATE:  # a person settles each escalation: no budget to count there
@@ -328,7 +240,7 @@ class Engine:
                                   max_crashes=conf.max_crashes())
         return verdict
 
-    def _apply(self, state: _Pass, step: Step, index: int, attempt: StepAttempt, verdict: Next
+    def _apply(self, state: Pass, step: Step, index: int, attempt: StepAttempt, verdict: Next
                ) -> tuple[Intent | None, bool]:
         lease = state.lease
         action = verdict.action
@@ -343,31 +255,23 @@ class Engine:
             state.results[step.name] = json.loads(encoded)  # as recorded, exactly as a resume will read it
             return None, False
         if action is Action.WAIT:
-            raise _Stop(self._release(lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
+            raise Stop(self.release(lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
         if action is Action.ESCALATE:
             store.open_escalation(lease, step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
                                   in_doubt_since=attempt.started_at or attempt.raised_at, reason=verdict.reason,
                                   clock=self.clock)
-            raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION,
-                                   detail=verdict.reason, steps_run=state.steps_run))
+            raise Stop(RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION,
+                                  detail=verdict.reason, steps_run=state.steps_run))
         if action in (Action.HOLD, Action.STOP):
-            raise _Stop(self._release(lease, RunStatus.NEEDS_DECISION, verdict.reason))
+            raise Stop(self.release(lease, RunStatus.NEEDS_DECISION, verdict.reason))
         if action is Action.CANCEL:
-            raise _Stop(self._end_unfinished(state, RunStatus.CANCELLED, verdict.reason))
-        raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {verdict.reason}"))
+            raise Stop(self.end_unfinished(state, RunStatus.CANCELLED, verdict.reason))
+        raise Stop(self.end_unfinished(state, RunStatus.FAILED, f"{step.name}: {verdict.reason}"))
 
     # -- when= and steps that wait (durableruns.waits) ---------------------------------------------------------
 
-    def _ctx(self, state: _Pass, step: Step, attempt: int) -> StepContext:
-        return StepContext(run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
-                           effect_key=effect_key(state.run_id, step.name), attempt=attempt,
-                           timeout=step_timeout(step))
-
-    def _next_attempt(self, state: _Pass, step: Step) -> int:
-        return 1 + max((a.attempt for a in state.attempts if a.step == step.name), default=0)
-
-    def _asking(self, state: _Pass, step: Step, index: int, ask: Callable[[], Any],
-                raised: str = waits.ASKING_RAISED) -> Any:
+    def asking(self, state: Pass, step: Step, index: int, ask: Callable[[], Any],
+               raised: str = waits.ASKING_RAISED) -> Any:
         """Ask users' code a question about `step` before it acts (its when=, a sleep's time). A raise is the
         step's error under its policy: an observed failure of an attempt that did nothing, retried with backoff
         up to its attempts, then the run fails."""
@@ -377,8 +281,8 @@ class Engine:
         except (FencedOut, EffectInTransaction):
             raise
         except Exception as exc:  # users' code
-            error = f"{raised}{_describe(exc)}"  # which question raised: a when= is asked again, a time not
-        attempt = self._next_attempt(state, step)
+            error = f"{raised}{describe(exc)}"  # which question raised: a when= is asked again, a time not
+        attempt = state.next_attempt(step)
         store.record_failure(state.lease, step=step.name, attempt=attempt, error=error, clock=self.clock,
                              intent_recorded=False, effect_key=effect_key(state.run_id, step.name))
         counts = state.tally(step.name)  # from the record as it was read, then counted in the pass
@@ -388,17 +292,17 @@ class Engine:
                                 now=self.clock.now(), backoff=conf.retry_backoff(),
                                 backoff_max=conf.retry_backoff_max())
         if verdict.action is Action.FAIL:
-            raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
-        raise _Stop(self._release(state.lease, RunStatus.WAITING if verdict.until else RunStatus.PENDING,
-                                  f"{step.name}: {error}; {verdict.reason}", wake_at=verdict.until))
+            raise Stop(self.end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
+        raise Stop(self.release(state.lease, RunStatus.WAITING if verdict.until else RunStatus.PENDING,
+                                f"{step.name}: {error}; {verdict.reason}", wake_at=verdict.until))
 
-    def _applies(self, state: _Pass, step: Step, index: int) -> bool:
+    def _applies(self, state: Pass, step: Step, index: int) -> bool:
         """Ask the step's when= once; a False is recorded (a skipped attempt, result None) and never asked again."""
         when = step.when
         assert when is not None
-        applies = bool(self._asking(state, step, index, lambda: when(self._ctx(state, step, 1))))
+        applies = bool(self.asking(state, step, index, lambda: when(state.context(step, 1))))
         if not applies:
-            attempt = self._next_attempt(state, step)
+            attempt = state.next_attempt(step)
             store.record_result(state.lease, step=step.name, attempt=attempt, result=None, cursor=index + 1,
                                 clock=self.clock, resolution=Resolution.SKIPPED, intent_recorded=False,
                                 effect_key=effect_key(state.run_id, step.name))
@@ -406,71 +310,7 @@ class Engine:
             state.results[step.name] = None
         return applies
 
-    def _wait_move(self, state: _Pass, step: Step, index: int, latest: StepAttempt | None) -> None:
-        """Ask durableruns.waits what the record says about the wait `step` now, and record that one move:
-        wait (handing the run back, holding nothing), complete (consuming the event, if any, in the same
-        commit), or stop the run (fail, escalate, hold for staff, cancel)."""
-        wait = step.wait
-        assert wait is not None
-        lease = state.lease
-        begun = latest if latest is not None and latest.status == "started" else None
-        event = None
-        if wait.kind is waits.Kind.WAIT_FOR:  # its now and its event in one round trip: picked up in milliseconds
-            now, event = store.now_and_oldest_event(state.run_id, wait.event, self.clock)
-        else:
-            now = self.clock.now()
-        asked = None
-        if begun is None and wait.kind is waits.Kind.SLEEP:
-            asked = self._asking(state, step, index, lambda: _sleep_time(step, self._ctx(state, step, 1)),
-                                 raised=waits.TIME_RAISED)
-        decision, staff, escalation_open = None, "", False
-        if begun is not None and wait.kind is waits.Kind.APPROVAL:
-            decision = _approval(state.run_id, step.name, begun.attempt)
-        if begun is not None and wait.kind is waits.Kind.WAIT_FOR and wait.on_timeout is waits.OnTimeout.ESCALATE:
-            escalation = (Escalation.objects.for_attempt(state.run_id, step.name, begun.attempt)
-                          .select_related("decision").first())
-            if escalation is not None:
-                verdict = getattr(escalation, "decision", None)
-                staff, escalation_open = (verdict.action, False) if verdict else ("", True)
-        kids: tuple[waits.Child, ...] = ()
-        if wait.kind is waits.Kind.JOIN:  # the children's results are read only when the join settles
-            kids = children.children_of(state.run_id)
-            if waits.join_settles(wait, begun, kids, now):
-                kids = children.with_results(kids)
-        move = waits.next_move(wait, step.name, waits.Facts(
-            now=now, attempt=begun, asked=asked, staff=staff, escalation_open=escalation_open, decision=decision,
-            event=waits.Event(id=event[0], payload=event[1]) if event else None, children=kids))
-        attempt = self._next_attempt(state, step) if move.fresh or begun is None else begun.attempt
-        key = effect_key(state.run_id, step.name)
-        kind = waits.Move
-        if move.move in (kind.BEGIN, kind.WAIT):
-            store.wait(lease, step=step.name, attempt=attempt, until=move.until, reason=move.reason,
-                       event=wait.event, approval=wait.kind is waits.Kind.APPROVAL,
-                       join=wait.kind is waits.Kind.JOIN, cursor=index, effect_key=key,
-                       detail=dict(move.detail or {}) if move.move is kind.BEGIN else None, clock=self.clock)
-            raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.WAITING, detail=move.reason,
-                                   steps_run=state.steps_run))
-        if move.move is kind.COMPLETE:
-            testing.reached("before_complete", step.name)
-            store.complete_wait(lease, step=step.name, attempt=attempt, begun=not move.fresh, effect_key=key,
-                                result=move.result, resolution=move.resolution, cursor=index + 1,
-                                event_id=move.event_id, clock=self.clock)
-            testing.reached("after_complete", step.name)
-            state.results[step.name] = copy.deepcopy(move.result)
-            state.steps_run += 1
-            return
-        if move.move is kind.ESCALATE:
-            assert begun is not None
-            store.open_escalation(lease, step=step.name, attempt=begun.attempt, effect_key=key,
-                                  in_doubt_since=begun.started_at, reason=move.reason, clock=self.clock)
-            raise _Stop(RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION, detail=move.reason,
-                                   steps_run=state.steps_run))
-        if move.move is kind.HOLD:
-            raise _Stop(self._release(lease, RunStatus.NEEDS_DECISION, move.reason))
-        ending = RunStatus.CANCELLED if move.move is kind.CANCEL else RunStatus.FAILED
-        raise _Stop(self._end_unfinished(state, ending, move.reason))
-
-    def _run_until_settled(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
+    def _run_until_settled(self, state: Pass, step: Step, index: int, intent: Intent, recorded: bool,
                            plan: list[Step]) -> Intent | None:
         """Run attempts of `step` until it completes; return the next step's intent if it shared the commit."""
         while True:
@@ -483,7 +323,7 @@ class Engine:
             recorded = intends
             testing.reached("after_intent", step.name)
             try:
-                result, encoded = self._call(state, step, intent)
+                result, encoded = self.call(state, step, intent)
             except (FencedOut, EffectInTransaction):
                 raise
             except Exception as exc:  # users' code: classify, never retry blindly
@@ -510,7 +350,7 @@ class Engine:
             state.steps_run += 1
             return next_intent
 
-    def _call(self, state: _Pass, step: Step, intent: Intent) -> tuple[Any, str]:
+    def call(self, state: Pass, step: Step, intent: Intent) -> tuple[Any, str]:
         """Run the step; return its result and the result's JSON (encoded once, refused here if it is not)."""
         lease = state.lease
 
@@ -548,10 +388,10 @@ class Engine:
                 raise
             return result, store.to_json(result, what=f"the result of {step.name}")
 
-    def _after_error(self, state: _Pass, step: Step, index: int, intent: Intent, recorded: bool,
+    def _after_error(self, state: Pass, step: Step, index: int, intent: Intent, recorded: bool,
                      exc: Exception) -> tuple[Intent, bool] | None:
         """Classify a step's exception: a rejection (or a re-executable step) failed; anything else is in doubt."""
-        error = _describe(exc)
+        error = describe(exc)
         log.info("run %s: %s attempt %s raised %s", state.run_id, step.name, intent.attempt, error)
         if _fails(step, exc):
             now = self.clock.now()
@@ -567,9 +407,9 @@ class Engine:
                 return self._fresh_intent(state, step, index, attempt=intent.attempt + 1,
                                           restored=restored if state.loop_cursor or state.progress else None), False
             if verdict.action is not Action.WAIT:
-                raise _Stop(self._end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
-            raise _Stop(self._release(state.lease, RunStatus.WAITING, f"{step.name}: {error}; {verdict.reason}",
-                                   wake_at=verdict.until))
+                raise Stop(self.end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
+            raise Stop(self.release(state.lease, RunStatus.WAITING, f"{step.name}: {error}; {verdict.reason}",
+                                    wake_at=verdict.until))
         # The call may have reached the far system: the attempt stays started (in doubt) and goes through
         # its policy, exactly as if the process had died here (and counts against the crash budget as such).
         # Its call was over when it raised: that moment, recorded, bounds it for this pass and every later one.
@@ -585,19 +425,17 @@ class Engine:
             return None
         return moved, False
 
-    # -- ending unfinished (issue 15: durableruns/releasing.py drives the releases) ----------------------
+    # -- ending unfinished (issue 15: durableruns/releasing.py records the releases) ----------------------
 
-    def _end_unfinished(self, state: _Pass, ending: str, reason: str, *, stopped: str = "") -> RunOutcome:
+    def end_unfinished(self, state: Pass, ending: str, reason: str, *, stopped: str = "") -> RunOutcome:
         """End the run as `ending` (cancelled or failed; needs_decision for a run stopped for a missing step),
         first giving back every acquisition it holds. `stopped`: the reason a stopped run ends with, as its
         deploy now finds it (a release escalated meanwhile has its own)."""
-        from durableruns.releasing import end_unfinished  # it drives release steps with this engine's parts
-
-        return end_unfinished(self, state, ending=ending, reason=reason, stopped=stopped)
+        return releasing.end_unfinished(self, state, ending=ending, reason=reason, stopped=stopped)
 
     # -- helpers -----------------------------------------------------------------------------------------
 
-    def _fresh_intent(self, state: _Pass, step: Step, index: int, *, attempt: int,
+    def _fresh_intent(self, state: Pass, step: Step, index: int, *, attempt: int,
                       restored: StepAttempt | None = None) -> Intent:
         key = effect_key(state.run_id, step.name)
         if step.releaser is not None:  # an acquisition made again after it was given back has a key of its own
@@ -609,7 +447,7 @@ class Engine:
             wait_for_standby=step.waits_for_standby,
         )
 
-    def _next_intent(self, state: _Pass, plan: list[Step], index: int) -> Intent | None:
+    def _next_intent(self, state: Pass, plan: list[Step], index: int) -> Intent | None:
         """The next step's intent, to share this result's commit, when it starts right away with no history."""
         if index + 1 >= len(plan):
             return None
@@ -618,7 +456,8 @@ class Engine:
             return None
         return self._fresh_intent(state, nxt, index + 1, attempt=1)
 
-    def _look_up(self, state: _Pass, step: Step, attempt: StepAttempt) -> Next:
+    def look_up(self, state: Pass, step: Step, attempt: StepAttempt) -> Next:
+        """Ask the step's lookup what became of the in-doubt `attempt`: its verdict (found, absent, too early)."""
         if step.lookup is None:  # Workflow.step() refuses a resolvable step without one
             raise DeclarationError(f"{step.name} is looked up but declares no lookup=")
         ctx = StepContext(run_id=state.run_id, step=step.name, input=state.claimed.input, results=state.results,
@@ -636,11 +475,11 @@ class Engine:
         except (EffectInTransaction, ResultNotJSON) as exc:
             return self._lookup_failed(state, attempt, str(exc))
         except Exception as exc:  # a lookup that raises proves nothing; never taken as absence
-            return self._lookup_failed(state, attempt, _describe(exc))
+            return self._lookup_failed(state, attempt, describe(exc))
         return after_lookup(found, attempt=attempt, now=self.clock.now(), timeout=step_timeout(step),
                             lookup_lag=step.lookup_lag, lease=timedelta(seconds=conf.lease_seconds()))
 
-    def _lookup_failed(self, state: _Pass, attempt: StepAttempt, error: str) -> Next:
+    def _lookup_failed(self, state: Pass, attempt: StepAttempt, error: str) -> Next:
         """Ask again later, counting this error on from the run's reason (what the last wait recorded); past
         DURABLERUNS_MAX_LOOKUP_ERRORS in a row, stop for staff."""
         reason = RunState.objects.filter(pk=state.run_id).values_list("reason", flat=True).first() or ""
@@ -676,18 +515,19 @@ class Engine:
         wake_at = plans.after_lacking(since=since, now=now, grace=grace, retry=conf.missing_step_retry())
         named = claimed.workflow if workflow_missing else None
         if wake_at is not None:
-            return self._release(lease, RunStatus.WAITING, plans.waiting_reason(
+            return self.release(lease, RunStatus.WAITING, plans.waiting_reason(
                 fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, since=since, workflow=named),
                 wake_at=wake_at)
         stopped = _stopped_reason(claimed, plan, missing, workflow=named)
         if (workflow is not None and plan is not None and boundary is not None and attempts is not None
                 and release_order(assess(plan.names, workflow.acquisitions(), attempts))):
             state = self._pass(claimed, plan, workflow, boundary, attempts)
-            return self._settled(state, lambda: self._end_unfinished(state, RunStatus.NEEDS_DECISION, stopped,
-                                                                     stopped=stopped))
-        return self._release(lease, RunStatus.NEEDS_DECISION, stopped)
+            return self._settled(state, lambda: self.end_unfinished(state, RunStatus.NEEDS_DECISION, stopped,
+                                                                    stopped=stopped))
+        return self.release(lease, RunStatus.NEEDS_DECISION, stopped)
 
-    def _release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
+    def release(self, lease: Lease, status: str, reason: str, wake_at: datetime | None = None) -> RunOutcome:
+        """Hand the run back as `status` (waiting until `wake_at`, pending, or stopped) and say so."""
         store.release(lease, status=status, clock=self.clock, wake_at=wake_at, reason=reason)
         detail = f"{reason} (until {wake_at:%H:%M:%S})" if wake_at else reason
         return RunOutcome(run_id=lease.run_id, status=status, detail=detail, wake_at=wake_at)
@@ -719,45 +559,12 @@ def _fails(step: Step, exc: Exception) -> bool:
     return step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE
 
 
-def _traced_call(state: _Pass, step: Step, attempt: int) -> AbstractContextManager[None]:
+def _traced_call(state: Pass, step: Step, attempt: int) -> AbstractContextManager[None]:
     """The attempt's span around its call (durableruns.tracing), or nothing without the [otel] extra."""
     traces = tracing_in_use()
     if traces is None:
         return nullcontext()
     return traces.call(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name, attempt=attempt,
-                        policy=step.policy, fails=lambda exc: _fails(step, exc))
+                       policy=step.policy, fails=lambda exc: _fails(step, exc))
 
 
-def _sleep_time(step: Step, ctx: StepContext) -> datetime | timedelta:
-    """A sleep's `until` or duration, as its declaration (or its function of ctx) says: checked here, so a bad
-    answer is the step's error."""
-    if step.sleep_until is not None:
-        until = step.sleep_until(ctx)
-        if not isinstance(until, datetime) or until.tzinfo is None:
-            raise DeclarationError(f"{step.name}: until= must return an aware datetime, not {until!r}")
-        return until
-    duration = step.sleep_for(ctx) if callable(step.sleep_for) else step.sleep_for
-    if not isinstance(duration, timedelta):
-        raise DeclarationError(f"{step.name}: the duration must be a timedelta, not {duration!r}")
-    return duration
-
-
-def _approval(run_id: str, step: str, attempt: int) -> waits.Decision | None:
-    """The staff decision on the approval's attempt, if one is recorded."""
-    row = (Intervention.objects.filter(run_id=run_id, step=step, attempt=attempt,
-                                       action__in=store.APPROVAL_ACTIONS)
-           .values_list("action", "decided_by", "note", "decided_at").first())
-    if row is None:
-        return None
-    action, by, note, at = row
-    return waits.Decision(approved=action == Intervention.Action.APPROVE, by=by, note=note, at=at)
-
-
-def step_timeout(step: Step) -> timedelta:
-    """The step's declared timeout; zero is a declaration too, only None falls back to the default."""
-    return conf.default_timeout() if step.timeout is None else step.timeout
-
-
-def _describe(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    return store.storable(text, limit=2000)

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 from durableruns import store
 from durableruns.context import StepContext
-from durableruns.engine import ensure_autocommit, step_timeout
 from durableruns.errors import DeclarationError, NotMeasurable, UnknownWorkflow
+from durableruns.passes import ensure_autocommit, step_timeout
 from durableruns.policies import Policy
 from durableruns.registry import Step, effect_key, get_workflow
 from durableruns.tradeoff import LoopTiming, loop_timing

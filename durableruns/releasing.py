@@ -1,4 +1,4 @@
-"""Give back what a run holds before it ends unfinished: the release steps, driven with the engine's own parts.
+"""Give back what a run holds before it ends unfinished: the release steps, a kind of move the engine makes.
 
 A run cancelled, abandoned or failed first releases every completed, unreleased acquisition, in reverse order
 of completion (durableruns.holdings decides what and in what order, from the record), then reaches its final
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from durableruns import conf, store, testing
 from durableruns.boundary import StepAttempt
@@ -29,15 +29,13 @@ from durableruns.holdings import (
     round_key,
 )
 from durableruns.models import Escalation, Resolution, RunStatus
+from durableruns.passes import Driver, Pass, RunOutcome, Stop, describe, load_attempts
 from durableruns.policies import Action, Next, Outcome, Policy, after_failure, cap_crashes
 from durableruns.registry import Step, effect_key
 from durableruns.store import Intent
 
-if TYPE_CHECKING:
-    from durableruns.engine import Engine, RunOutcome, _Pass
 
-
-def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str, stopped: str = "") -> RunOutcome:
+def end_unfinished(engine: Driver, state: Pass, *, ending: str, reason: str, stopped: str = "") -> RunOutcome:
     """Release what the run holds, then give it the status `ending`; a wait or an escalation stops the pass
     (the run keeps `ending`, so the next claim goes on releasing).
 
@@ -45,14 +43,12 @@ def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str, st
     reason (what it lacks, what staff can do), so a deploy that has the step reopens it; if the deploy that
     finished the releasing has the steps again (`stopped` empty), the run goes on at once instead, and acquires
     again what it gave back."""
-    from durableruns.engine import RunOutcome, _Stop, load_attempts
-
     workflow = state.workflow
     acquisitions = workflow.acquisitions()
     attempts = load_attempts(state.run_id) if acquisitions else []
     todo = release_order(assess(state.plan_names, acquisitions, attempts))
     if not todo and not state.claimed.ending:  # nothing held: end at once, as a run without acquisitions does
-        return engine._release(state.lease, ending, reason)
+        return engine.release(state.lease, ending, reason)
     if not state.claimed.ending:
         store.begin_ending(state.lease, ending=ending, reason=reason, clock=engine.clock)
     latest = latest_attempts(attempts)
@@ -81,15 +77,13 @@ def end_unfinished(engine: Engine, state: _Pass, *, ending: str, reason: str, st
         )
     status = store.end(state.lease, clock=engine.clock, **final)
     detail = f"gave back {', '.join(given_back)} before ending" if given_back else "nothing held to give back"
-    raise _Stop(RunOutcome(run_id=state.run_id, status=status, detail=detail, steps_run=state.steps_run))
+    raise Stop(RunOutcome(run_id=state.run_id, status=status, detail=detail, steps_run=state.steps_run))
 
 
-def _settle_acquisition(engine: Engine, state: _Pass, step: Step, attempt: StepAttempt) -> bool:
+def _settle_acquisition(engine: Driver, state: Pass, step: Step, attempt: StepAttempt) -> bool:
     """Look an in-doubt acquisition up by its key: found is held (record it, return True); absent past the lag
     is nothing held (the attempt is recorded failed: it provably never took effect); too early waits."""
-    from durableruns.engine import _Stop
-
-    verdict = engine._look_up(state, step, attempt)
+    verdict = engine.look_up(state, step, attempt)
     if verdict.action is Action.COMPLETE:
         encoded = store.to_json(verdict.result, what=f"the result of {step.name}")
         index = state.plan_names.index(step.name)
@@ -116,17 +110,15 @@ def _settle_acquisition(engine: Engine, state: _Pass, step: Step, attempt: StepA
         )
         return False
     if verdict.action is Action.STOP:  # its lookup raised too many times in a row: staff check the far system
-        raise _Stop(engine._release(state.lease, RunStatus.NEEDS_DECISION, verdict.reason))
-    raise _Stop(engine._release(state.lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
+        raise Stop(engine.release(state.lease, RunStatus.NEEDS_DECISION, verdict.reason))
+    raise Stop(engine.release(state.lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
 
 
 def _release_one(
-    engine: Engine, state: _Pass, acquisition: Step, release: Step, attempts: Sequence[StepAttempt]
+    engine: Driver, state: Pass, acquisition: Step, release: Step, attempts: Sequence[StepAttempt]
 ) -> bool:
     """Bring the release of one held acquisition to completed, from wherever its record stands; False if staff
     abandoned it (the hold stays listed, the run goes on with its other releases)."""
-    from durableruns.engine import _Stop
-
     key = round_key(effect_key(state.run_id, release.name), release_round(acquisition.acquisition(), attempts))
     mine = sorted((a for a in attempts if a.step == release.name), key=lambda a: a.attempt)
     last = mine[-1] if mine else None
@@ -140,8 +132,8 @@ def _release_one(
         if escalation is not None:
             decision = getattr(escalation, "decision", None)
             if decision is None:
-                raise _Stop(
-                    engine._release(state.lease, RunStatus.NEEDS_DECISION, f"{release.name} awaits a staff decision")
+                raise Stop(
+                    engine.release(state.lease, RunStatus.NEEDS_DECISION, f"{release.name} awaits a staff decision")
                 )
             if decision.action == Outcome.HAPPENED:
                 _record(
@@ -180,13 +172,11 @@ def _release_one(
         store.record_intent(state.lease, intent, clock=engine.clock)
         testing.reached("after_intent", release.name)
         try:
-            result, encoded = engine._call(state, release, intent)
+            result, encoded = engine.call(state, release, intent)
         except (FencedOut, EffectInTransaction):
             raise
         except Exception as exc:  # users' code: classify, never retry blindly
-            from durableruns.engine import _describe
-
-            error = _describe(exc)
+            error = describe(exc)
             if release.is_rejection(exc) or release.policy is Policy.RE_EXECUTABLE:
                 store.record_failure(state.lease, step=release.name, attempt=number, error=error, clock=engine.clock)
                 failures += 1
@@ -210,15 +200,13 @@ def _release_one(
 
 
 def _in_doubt(
-    engine: Engine, state: _Pass, acquisition: Step, release: Step, attempt: StepAttempt, crashes: int
+    engine: Driver, state: Pass, acquisition: Step, release: Step, attempt: StepAttempt, crashes: int
 ) -> Next | None:
     """Settle an in-doubt release: look it up if it can be (found: recorded, None returned), else run it again
     under its key (harmless to repeat), within the crash budget."""
-    from durableruns.engine import _Stop
-
     verdict = Next(action=Action.RUN, reason=f"{release.name} is re-executable: releasing again")
     if release.policy is Policy.RESOLVABLE:
-        verdict = engine._look_up(state, release, attempt)
+        verdict = engine.look_up(state, release, attempt)
         if verdict.action is Action.COMPLETE:
             _record(
                 engine,
@@ -232,19 +220,17 @@ def _in_doubt(
             )
             return None
         if verdict.action is Action.WAIT:
-            raise _Stop(engine._release(state.lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
+            raise Stop(engine.release(state.lease, RunStatus.WAITING, verdict.reason, wake_at=verdict.until))
     verdict = cap_crashes(verdict, step=release.name, crashes=crashes, max_crashes=conf.max_crashes())
     if verdict.action is Action.STOP:
-        raise _Stop(engine._release(state.lease, RunStatus.NEEDS_DECISION, verdict.reason))
+        raise Stop(engine.release(state.lease, RunStatus.NEEDS_DECISION, verdict.reason))
     return verdict
 
 
 def _after_failed(
-    engine: Engine, state: _Pass, release: Step, key: str, attempt: int, failures: int, failed_at: Any, error: str = ""
+    engine: Driver, state: Pass, release: Step, key: str, attempt: int, failures: int, failed_at: Any, error: str = ""
 ) -> None:
     """After an observed failure of a release: again now, later (backoff), or, attempts used up, to staff."""
-    from durableruns.engine import _Stop
-
     verdict = after_failure(
         attempts_made=failures,
         max_attempts=release.max_attempts,
@@ -255,18 +241,16 @@ def _after_failed(
     if verdict.action is Action.RUN:
         return
     if verdict.action is Action.WAIT:
-        raise _Stop(
-            engine._release(state.lease, RunStatus.WAITING, f"{release.name}: {verdict.reason}", wake_at=verdict.until)
+        raise Stop(
+            engine.release(state.lease, RunStatus.WAITING, f"{release.name}: {verdict.reason}", wake_at=verdict.until)
         )
     _escalate(engine, state, release, key, attempt, failures, failed_at, error)
 
 
 def _escalate(
-    engine: Engine, state: _Pass, release: Step, key: str, attempt: int, failures: int, failed_at: Any, error: str = ""
+    engine: Driver, state: Pass, release: Step, key: str, attempt: int, failures: int, failed_at: Any, error: str = ""
 ) -> None:
     """Stop for staff: the release failed every attempt it has, and the hold may still exist."""
-    from durableruns.engine import RunOutcome, _Stop
-
     reason = (
         f"{release.name} failed {failures} of {release.max_attempts} attempts{': ' + error if error else ''}. "
         f"The hold may still exist at the far system: give it back by hand, then decide 'happened'; "
@@ -281,14 +265,14 @@ def _escalate(
         reason=reason,
         clock=engine.clock,
     )
-    raise _Stop(
+    raise Stop(
         RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION, detail=reason, steps_run=state.steps_run)
     )
 
 
 def _record(
-    engine: Engine,
-    state: _Pass,
+    engine: Driver,
+    state: Pass,
     acquisition: Step,
     release: Step,
     attempt: int,

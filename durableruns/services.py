@@ -8,18 +8,17 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 
-from durableruns import conf, holdings, schedules, signals, store
-from durableruns.boundary import Boundary, compute_boundary
+from durableruns import conf, reading, schedules, signals, store
+from durableruns.boundary import Boundary
 from durableruns.clock import Clock, on_postgresql
-from durableruns.engine import RunOutcome, step_timeout, tracing_in_use
+from durableruns.engine import tracing_in_use
 from durableruns.errors import (
     ApprovalNotFound,
     EscalationNotFound,
@@ -27,21 +26,34 @@ from durableruns.errors import (
     InvalidInput,
     ResultNotJSON,
     RunNotActionable,
-    RunNotFound,
     UnknownWorkflow,
 )
-from durableruns.holdings import Holding
 from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunStatus, RunStep
-from durableruns.plans import Plan, lacking
-from durableruns.policies import Action, Outcome, Policy, settle_in_doubt
-from durableruns.registry import Step, get_workflow, workflows
-from durableruns.waits import KINDS, Kind
+from durableruns.passes import RunOutcome
+from durableruns.plans import lacking
+from durableruns.policies import Action, Outcome, settle_in_doubt
+from durableruns.registry import get_workflow, workflows
+from durableruns.waits import Kind
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
 from durableruns.worker.presence import Presence
 from durableruns.worker.timetable import Timetable
 from durableruns.worker.watchdog import Watchdog
+
+# What the edges read about a run (durableruns.reading): they read it through services, as they always have.
+boundary_of = reading.boundary_of
+get_run = reading.get_run
+holdings_of = reading.holdings_of
+lacking_of = reading.lacking_of
+outlived_timeout = reading.outlived_timeout
+plan_of = reading.plan_of
+run_boundary = reading.run_boundary
+run_holdings = reading.run_holdings
+run_plan = reading.run_plan
+step_doc = reading.step_doc
+step_policy = reading.step_policy
+with_hold_lapses = reading.with_hold_lapses
 
 
 def non_atomic_requests(view: Any) -> Any:
@@ -125,107 +137,11 @@ def _storable_text(text: str) -> bool:
     return True
 
 
-def run_plan(run: RunState) -> Plan | None:
-    """The plan the run started under (recorded once per fingerprint), or None where it is not recorded."""
-    return store.plan_of(run.workflow, run.plan_fingerprint)
-
-
-def plan_of(run: RunState) -> tuple[str, ...] | None:
-    """The run's own plan's steps, whatever this deploy's plan is; None if the plan is not recorded."""
-    plan = run_plan(run)
-    return None if plan is None else plan.names
-
-
-def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundary:
-    """The run's boundary with its status, from `rows` or the run's attempts (prefetched ones cost nothing),
-    through its own plan; where that plan is not recorded, the steps in the order they were attempted."""
-    attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
-    plan = plan_of(run)
-    if plan is None:
-        attempted = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
-        return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
-    recorded = run_plan(run)
-    waits = recorded.waits if recorded is not None else {}
-    return replace(compute_boundary(plan, attempts, waits=waits), status=run.status)
-
-
-def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:
-    """The steps the run still needs that this deploy cannot run for it (None: its plan is not recorded)."""
-    plan = run_plan(run)
-    if plan is None:
-        return None
-    try:
-        workflow = get_workflow(run.workflow)
-    except UnknownWorkflow:
-        return lacking(plan, None, b.remainder)
-    if workflow.fingerprint == plan.fingerprint:
-        return ()
-    return lacking(plan, workflow.policies(), b.remainder)
-
-
-def holdings_of(run: RunState, rows: Iterable[RunStep] | None = None, *, held_only: bool = False
-                ) -> list[Holding]:
-    """What the run holds in other systems, from `rows` or its attempts (releases included); with `held_only`,
-    only what it holds or may hold (what the run page, the queue, the API and show_run list). Empty for a
-    workflow this deploy does not know: its acquisitions are not declared here."""
-    try:
-        workflow = get_workflow(run.workflow)
-    except UnknownWorkflow:
-        return []
-    acquisitions = workflow.acquisitions()
-    if not acquisitions:
-        return []
-    attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
-    found = holdings.assess(workflow.plan, acquisitions, attempts)
-    return holdings.held(found) if held_only else found
-
-
-def with_hold_lapses(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
-    """Annotate each escalation with `hold_lapses_at`: when the first hold its run still has lapses at its far
-    system (completed acquisition + hold_expires_after, unless released or handed on), or None. Computed by the
-    database in the same query, so the queue sorts by it across pages at no extra query."""
-    whens = []
-    for workflow in workflows().values():
-        for acq in workflow.acquisitions():
-            if acq.hold_expires_after is None:
-                continue
-            gone = Q(Exists(RunStep.objects.filter(run_id=OuterRef("run_id"), step=acq.release_step,
-                                                   status="completed")))
-            if acq.released_by:
-                gone |= Q(Exists(RunStep.objects.filter(run_id=OuterRef("run_id"), step=acq.released_by,
-                                                        status="completed")))
-            whens.append(When(Q(step=acq.step, run__workflow=workflow.name) & ~gone,
-                              then=F("finished_at") + Value(acq.hold_expires_after)))
-    if not whens:
-        return escalations.annotate(hold_lapses_at=Value(None, output_field=DateTimeField()))
-    lapses = (RunStep.objects.filter(run_id=OuterRef("run_id"), status="completed")
-              .annotate(lapse=Case(*whens, output_field=DateTimeField())).exclude(lapse=None)
-              .order_by("lapse").values("lapse")[:1])
-    return escalations.annotate(hold_lapses_at=Subquery(lapses, output_field=DateTimeField()))
-
-
-def run_holdings(run_id: str, *, held_only: bool = False) -> list[Holding]:
-    """Return what a run holds (see holdings_of)."""
-    return holdings_of(get_run(run_id), held_only=held_only)
-
-
-def get_run(run_id: str) -> RunState:
-    try:
-        return RunState.objects.get(pk=run_id)
-    except RunState.DoesNotExist:
-        raise RunNotFound(run_id=run_id) from None
-
-
 def wait_for_result(run_id: str, *, timeout: float | None = None) -> dict[str, Any]:
     """Wait until the run ends; return its results by step, or raise RunFailed / RunCancelled / TimeoutError."""
     from durableruns.results import wait_for_result as wait
 
     return wait(run_id, timeout=timeout)
-
-
-def run_boundary(run_id: str) -> Boundary:
-    """Return the recovery boundary of a run, as a resume would compute it."""
-    return boundary_of(get_run(run_id))
 
 
 # -- resuming -------------------------------------------------------------------------------------------
@@ -317,7 +233,6 @@ def resume_due(
             listener.stop()
         if timetable is not None:
             timetable.stop()
-            report.timetable_restarts = timetable.restarts
     return report
 
 
@@ -531,63 +446,6 @@ def retry_run(run_id: str, *, by: Any, note: str) -> Intervention:
         run_id, action=Intervention.Action.RETRY, allowed_from=retryable, new_status=RunStatus.PENDING,
         decided_by=decided_by, user_id=user_id, note=_required_note(note), step=step, attempt=attempt,
     )
-
-
-def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:
-    """For a run held under a live lease, say if the step in hand has outlived its declared timeout by the margin
-    (which thread, since when): it blocks that thread of its worker. '' otherwise. For display only: `now` is
-    the page's time, no ownership is decided by it."""
-    if run.status != RunStatus.RUNNING or not b.in_doubt or not run.lease_expires_at or run.lease_expires_at < now:
-        return ""
-    step = b.in_doubt[-1]
-    since = b.latest[step].started_at
-    try:
-        timeout = step_timeout(get_workflow(run.workflow)[step])
-    except (UnknownWorkflow, KeyError):
-        return ""
-    if since is None or now - since <= timeout + conf.stuck_margin():
-        return ""
-    age = (now - since).total_seconds()
-    held = f"{age:.0f} s" if age < 120 else f"{age / 60:.0f} min"
-    return (f"{step} has been in hand for {held} on {run.owner} (since {since:%Y-%m-%d %H:%M:%S}), past its "
-            f"{timeout.total_seconds():g}s timeout")
-
-
-def _release_step(run: RunState, step: str) -> Step | None:
-    """The release step `step` ("<acquisition>:release") as this deploy declares it with its acquisition."""
-    try:
-        return get_workflow(run.workflow).releaser(step)
-    except UnknownWorkflow:
-        return None
-
-
-def step_policy(run: RunState, step: str) -> Policy | None:
-    """The policy the run's own plan declares for `step`, or for a release step the one its acquisition declares
-    (None: neither, or the plan is not recorded)."""
-    plan = run_plan(run)
-    policy = plan.policy(step) if plan else None
-    if policy in KINDS:  # a step that waits has no in-doubt policy: it never acts
-        return None
-    if policy:
-        return Policy(policy)
-    release = _release_step(run, step)
-    return None if release is None else release.policy
-
-
-def step_doc(run: RunState, step: str) -> str:
-    """The step's docstring (for an escalated step: how a person checks the far system by hand), or '': this
-    deploy's function of it, where it declares the step with the policy the run's plan has."""
-    release = _release_step(run, step)
-    if release is not None:
-        return release.doc
-    try:
-        declared = get_workflow(run.workflow).get(step)
-    except UnknownWorkflow:
-        return ""
-    plan = run_plan(run)
-    if declared is None or (plan.policy(step) if plan else None) != declared.kind:
-        return ""
-    return declared.doc
 
 
 # -- plans and deploys ---------------------------------------------------------------------------------------

@@ -32,9 +32,10 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from durableruns.errors import FencedOut
 from durableruns.policies import Action, Next, Policy
+from durableruns.version import __version__
 
 if TYPE_CHECKING:
-    from durableruns.engine import RunOutcome
+    from durableruns.passes import RunOutcome
     from durableruns.store import Claimed
 
 # Attribute names, in durableruns' own namespace.
@@ -66,8 +67,6 @@ _kept: tuple[trace.TracerProvider, trace.Tracer] | None = None
 def _tracer() -> trace.Tracer:
     """durableruns' tracer from the provider configured now (a site may set it after durableruns is imported)."""
     global _kept
-    from durableruns import __version__
-
     provider = trace.get_tracer_provider()
     kept = _kept
     if kept is None or kept[0] is not provider:

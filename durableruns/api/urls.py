@@ -14,8 +14,9 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView
 
-from durableruns import __version__, conf
+from durableruns import conf
 from durableruns.api import views
+from durableruns.version import __version__
 
 
 class RunIdConverter:

@@ -24,10 +24,10 @@ from django.db.models import Case, Count, DateTimeField, F, Min, When
 
 from durableruns import conf
 from durableruns.clock import Clock, host_skew
-from durableruns.engine import step_timeout
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import Escalation, RunState, RunStatus, RunStep, StepStatus, WorkerPresence
 from durableruns.ops import replication
+from durableruns.passes import step_timeout
 from durableruns.plans import STOPPED_MARK
 from durableruns.registry import get_workflow
 from durableruns.worker.pool import REFUSED_MARK

@@ -6,8 +6,9 @@ public names. One module a concept, each below the ones that use it:
 
     sql          the PostgreSQL hot path they share: the prepared cursor (HotPath, hot_path), one(), rowcount(),
                  a commit that waits for a standby, through_a_proxy(), the wake-up channel (WAKE_CHANNEL)
-    base         Lease, Claimed, Intent, the DATABASE clock, to_json / ensure_json / storable, ENDED, and the
-                 helpers every write begins with: fast(), fence(), finish_attempt(), lease_times(), wake_workers()
+    base         Lease, Claimed, Intent, the DATABASE clock, ENDED, and the helpers every write begins with:
+                 fast(), fence(), finish_attempt(), lease_times(), wake_workers()
+                 (to_json, ensure_json, storable: durableruns.encoding, below the store; re-exported here)
     plans        record_plan, plan_of, forget_plans
     children     NewChild, child_exists, start_child; a child's end waking its parent's join (wake_parent)
     runs         create_run, renew, renew_all, release, begin_ending, end, reopen_runnable, reopen_runs
@@ -24,20 +25,9 @@ A module imports only the ones listed above it (and never this face): the store 
 
 from __future__ import annotations
 
+from durableruns.encoding import TEXT_LIMIT, ensure_json, storable, to_json
 from durableruns.store.attempts import checkpoint, record_failure, record_intent, record_raised, record_result
-from durableruns.store.base import (
-    DATABASE,
-    DEFERRED,
-    ENDED,
-    TEXT_LIMIT,
-    Claimed,
-    Intent,
-    Lease,
-    ensure_json,
-    storable,
-    to_json,
-    wake_workers,
-)
+from durableruns.store.base import DATABASE, DEFERRED, ENDED, Claimed, Intent, Lease, wake_workers
 from durableruns.store.children import UNFINISHED, NewChild, child_exists, start_child
 from durableruns.store.claims import claim, more_due_after_last_claim, next_due_from_last_claim, parked_by_last_claim
 from durableruns.store.marks import (

@@ -10,19 +10,10 @@ from django.db import connections, transaction
 
 from durableruns import conf, signals
 from durableruns.clock import Clock
+from durableruns.encoding import storable, to_json
 from durableruns.errors import FencedOut
 from durableruns.models import Resolution, RunState, RunStatus, RunStep, StepStatus
-from durableruns.store.base import (
-    DATABASE,
-    Intent,
-    Lease,
-    fast,
-    fence,
-    finish_attempt,
-    lease_times,
-    storable,
-    to_json,
-)
+from durableruns.store.base import DATABASE, Intent, Lease, fast, fence, finish_attempt, lease_times
 from durableruns.store.children import NewChild, record_children, wake_parent, wake_parent_after
 from durableruns.store.sql import WAKE_CHANNEL, Times, one, rowcount, waiting_for_standby
 

@@ -1,5 +1,5 @@
 """What every module of the store shares: the lease a worker holds, what a claim hands the engine, an
-intent, the database's clock, JSON and text as the record stores them, and the fences every write begins with.
+intent, the database's clock, and the fences every write begins with.
 
 A worker's writes are conditional updates `WHERE run_id = ... AND epoch = <its epoch>`, issued first in each
 transaction: on PostgreSQL the update takes the row lock, so a concurrent claim either committed before (zero
@@ -10,7 +10,6 @@ started -> completed or failed, by a conditional update on its status.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -20,7 +19,7 @@ from django.db import connections
 from durableruns import conf
 from durableruns.boundary import StepAttempt
 from durableruns.clock import Clock
-from durableruns.errors import FencedOut, ResultNotJSON
+from durableruns.errors import FencedOut
 from durableruns.models import RunState, RunStatus, RunStep, StepStatus
 from durableruns.store.sql import notify_workers
 
@@ -70,42 +69,8 @@ class Intent:
     wait_for_standby: bool = False  # its commit waits for a standby, with DURABLERUNS_STANDBY_INTENTS
 
 
-_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def to_json(value: Any, *, what: str) -> str:
-    """Encode `value` as JSON text PostgreSQL's jsonb can store, or raise ResultNotJSON naming what it was."""
-    try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")  # a lone surrogate cannot be stored
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
-        raise ResultNotJSON(f"{what} is not JSON ({type(value).__name__}): {exc}") from None
-    if _NUL.search(text):
-        raise ResultNotJSON(f"{what} contains a NUL character (\\u0000), which jsonb cannot store")
-    return text
-
-
-def ensure_json(value: Any, *, what: str) -> Any:
-    """Return `value` if it round-trips through JSON, else raise ResultNotJSON naming what it was."""
-    to_json(value, what=what)
-    return value
-
-
-# Past this, an error text or a reason is cut (with a marker): a traceback's repr of a huge value must not bloat
-# the record or the admin page.
-TEXT_LIMIT = 10_000
 # The reason of a run started with a run_after: waiting, with that time as its wake time, until it is due.
 DEFERRED = "deferred: not due before its wake time"
-
-
-def storable(text: str, *, limit: int = TEXT_LIMIT) -> str:
-    """`text` as PostgreSQL can store it: NUL characters (which no text column holds) and lone surrogates (which
-    are not UTF-8) replaced, and cut to `limit` characters with a marker saying how much was cut."""
-    text = text.replace("\x00", "\\0")
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    if len(text) > limit:
-        text = f"{text[:limit]}... [cut: {len(text) - limit} more characters]"
-    return text
 
 
 def wake_workers() -> None:

@@ -11,11 +11,12 @@ from django.db.models import F
 
 from durableruns import conf, signals
 from durableruns.clock import Clock
+from durableruns.encoding import storable
 from durableruns.errors import UnknownWorkflow
 from durableruns.holdings import RELEASE_SUFFIX, assess, needs_releasing
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.registry import get_workflow
-from durableruns.store.base import Lease, storable, wake_workers
+from durableruns.store.base import Lease, wake_workers
 
 # Who the cancel the engine makes of a cancelled run's descendants is recorded as (run_intervention.decided_by).
 SYSTEM_ACTOR = "durableruns"

@@ -12,10 +12,11 @@ from django.db.models import Exists, OuterRef
 
 from durableruns import conf, signals
 from durableruns.clock import Clock
+from durableruns.encoding import to_json
 from durableruns.errors import InvalidInput
 from durableruns.models import RunState, RunStatus
 from durableruns.plans import Plan
-from durableruns.store.base import DATABASE, Lease, decoded, fence, to_json, wake_workers
+from durableruns.store.base import DATABASE, Lease, decoded, fence, wake_workers
 from durableruns.store.plans import record_plan
 
 UNFINISHED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION)

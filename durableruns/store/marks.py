@@ -10,8 +10,9 @@ from django.db import IntegrityError, connections, transaction
 
 from durableruns import conf
 from durableruns.clock import Clock
+from durableruns.encoding import storable
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, WorkerPresence
-from durableruns.store.base import DATABASE, storable
+from durableruns.store.base import DATABASE
 
 
 def report_presence(name: str, *, threads: int, pickup: str, skew_seconds: float | None, runs_in_hand: int,

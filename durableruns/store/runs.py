@@ -12,23 +12,13 @@ from django.db.models import F
 from durableruns import conf, signals
 from durableruns.boundary import compute_boundary
 from durableruns.clock import Clock
+from durableruns.encoding import storable, to_json
 from durableruns.errors import DuplicateRun, FencedOut
 from durableruns.holdings import given_back
 from durableruns.models import RunState, RunStatus, RunStep, StepStatus
 from durableruns.plans import Plan, lacking
 from durableruns.registry import get_workflow, workflows
-from durableruns.store.base import (
-    DATABASE,
-    DEFERRED,
-    ENDED,
-    Lease,
-    fast,
-    fence,
-    lease_times,
-    storable,
-    to_json,
-    wake_workers,
-)
+from durableruns.store.base import DATABASE, DEFERRED, ENDED, Lease, fast, fence, lease_times, wake_workers
 from durableruns.store.cancels import SYSTEM_ACTOR, announce_cancelled, cancel_with
 from durableruns.store.children import wake_parent
 from durableruns.store.plans import plan_of, record_plan

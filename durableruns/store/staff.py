@@ -12,10 +12,11 @@ from django.db.models import F
 from durableruns import conf, signals
 from durableruns.boundary import compute_boundary
 from durableruns.clock import Clock
+from durableruns.encoding import storable
 from durableruns.errors import AlreadyDecided, FencedOut, RunNotActionable, RunNotFound
 from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep, StepStatus
 from durableruns.plans import Plan, attempted_in_order, check_fit
-from durableruns.store.base import DATABASE, ENDED, Lease, storable, wake_workers
+from durableruns.store.base import DATABASE, ENDED, Lease, wake_workers
 from durableruns.store.cancels import announce_cancelled, cancel_descendants, ending_fields, staff_act
 from durableruns.store.children import wake_parent
 from durableruns.store.plans import plan_of, record_plan

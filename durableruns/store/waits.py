@@ -11,6 +11,7 @@ from django.db import IntegrityError, connections, transaction
 
 from durableruns import conf
 from durableruns.clock import Clock, as_django, on_postgresql
+from durableruns.encoding import storable, to_json
 from durableruns.errors import AlreadyDecided, ApprovalNotFound, FencedOut, RunNotActionable, RunNotFound
 from durableruns.models import Intervention, RunEvent, RunState, RunStatus, RunStep, StepStatus
 from durableruns.store.base import (
@@ -22,8 +23,6 @@ from durableruns.store.base import (
     fence,
     finish_attempt,
     lease_times,
-    storable,
-    to_json,
     wake_workers,
 )
 from durableruns.store.sql import WAKE_CHANNEL, Times, one

@@ -21,9 +21,10 @@ from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, 
 
 from durableruns import conf, store, testing
 from durableruns.clock import Clock
-from durableruns.engine import Engine, RunOutcome
+from durableruns.engine import Engine
 from durableruns.errors import FencedOut
 from durableruns.models import RunStatus
+from durableruns.passes import RunOutcome
 from durableruns.registry import first_steps
 from durableruns.store.claims import more_due_after_last_claim
 from durableruns.worker.heartbeat import Heartbeat

@@ -15,9 +15,9 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from durableruns import conf
 from durableruns.clock import Clock
-from durableruns.engine import step_timeout
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import RunStep, StepStatus
+from durableruns.passes import step_timeout
 from durableruns.registry import get_workflow
 from durableruns.worker.background import Background
 from durableruns.worker.heartbeat import Heartbeat

@@ -12,7 +12,6 @@ from django.utils import timezone
 import durableruns
 from durableruns import services, store
 from durableruns.clock import Clock
-from durableruns.engine import ensure_autocommit
 from durableruns.errors import (
     AlreadyDecided,
     DuplicateRun,
@@ -25,6 +24,7 @@ from durableruns.errors import (
     UnknownWorkflow,
 )
 from durableruns.models import Escalation, Intervention, Resolution, RunState, RunStatus, RunStep, StepStatus
+from durableruns.passes import ensure_autocommit
 from durableruns.store import Intent
 from tests.factories import complete, crash_after_intent, make_run
 

@@ -13,8 +13,8 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 
 from durableruns import checks, conf, connections, services
 from durableruns.clock import host_skew, on_postgresql
-from durableruns.engine import RunOutcome
 from durableruns.ops import metrics, replication
+from durableruns.passes import RunOutcome
 from durableruns.worker.pool import Stopping, Waker
 
 

@@ -1,0 +1,187 @@
+"""What the edges read about a run, computed from the record: the plan it follows, its boundary, what this
+deploy lacks for it, what it holds in other systems, and what its steps declare (policy, docstring, timeout).
+Reads only: the services compose them, the admin, the API and show_run show them (through `services`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import datetime
+
+from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
+
+from durableruns import conf, holdings, store
+from durableruns.boundary import Boundary, compute_boundary
+from durableruns.errors import RunNotFound, UnknownWorkflow
+from durableruns.holdings import Holding
+from durableruns.models import Escalation, RunState, RunStatus, RunStep
+from durableruns.passes import step_timeout
+from durableruns.plans import Plan, lacking
+from durableruns.policies import Policy
+from durableruns.registry import Step, get_workflow, workflows
+from durableruns.waits import KINDS
+
+
+def run_plan(run: RunState) -> Plan | None:
+    """The plan the run started under (recorded once per fingerprint), or None where it is not recorded."""
+    return store.plan_of(run.workflow, run.plan_fingerprint)
+
+
+def plan_of(run: RunState) -> tuple[str, ...] | None:
+    """The run's own plan's steps, whatever this deploy's plan is; None if the plan is not recorded."""
+    plan = run_plan(run)
+    return None if plan is None else plan.names
+
+
+def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundary:
+    """The run's boundary with its status, from `rows` or the run's attempts (prefetched ones cost nothing),
+    through its own plan; where that plan is not recorded, the steps in the order they were attempted."""
+    attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
+    plan = plan_of(run)
+    if plan is None:
+        attempted = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
+        return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
+    recorded = run_plan(run)
+    waits = recorded.waits if recorded is not None else {}
+    return replace(compute_boundary(plan, attempts, waits=waits), status=run.status)
+
+
+def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:
+    """The steps the run still needs that this deploy cannot run for it (None: its plan is not recorded)."""
+    plan = run_plan(run)
+    if plan is None:
+        return None
+    try:
+        workflow = get_workflow(run.workflow)
+    except UnknownWorkflow:
+        return lacking(plan, None, b.remainder)
+    if workflow.fingerprint == plan.fingerprint:
+        return ()
+    return lacking(plan, workflow.policies(), b.remainder)
+
+
+def holdings_of(run: RunState, rows: Iterable[RunStep] | None = None, *, held_only: bool = False) -> list[Holding]:
+    """What the run holds in other systems, from `rows` or its attempts (releases included); with `held_only`,
+    only what it holds or may hold (what the run page, the queue, the API and show_run list). Empty for a
+    workflow this deploy does not know: its acquisitions are not declared here."""
+    try:
+        workflow = get_workflow(run.workflow)
+    except UnknownWorkflow:
+        return []
+    acquisitions = workflow.acquisitions()
+    if not acquisitions:
+        return []
+    attempts = [row.to_attempt() for row in (run.attempts.all() if rows is None else rows)]
+    found = holdings.assess(workflow.plan, acquisitions, attempts)
+    return holdings.held(found) if held_only else found
+
+
+def with_hold_lapses(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
+    """Annotate each escalation with `hold_lapses_at`: when the first hold its run still has lapses at its far
+    system (completed acquisition + hold_expires_after, unless released or handed on), or None. Computed by the
+    database in the same query, so the queue sorts by it across pages at no extra query."""
+    whens = []
+    for workflow in workflows().values():
+        for acq in workflow.acquisitions():
+            if acq.hold_expires_after is None:
+                continue
+            gone = Q(
+                Exists(RunStep.objects.filter(run_id=OuterRef("run_id"), step=acq.release_step, status="completed"))
+            )
+            if acq.released_by:
+                gone |= Q(
+                    Exists(RunStep.objects.filter(run_id=OuterRef("run_id"), step=acq.released_by, status="completed"))
+                )
+            whens.append(
+                When(
+                    Q(step=acq.step, run__workflow=workflow.name) & ~gone,
+                    then=F("finished_at") + Value(acq.hold_expires_after),
+                )
+            )
+    if not whens:
+        return escalations.annotate(hold_lapses_at=Value(None, output_field=DateTimeField()))
+    lapses = (
+        RunStep.objects.filter(run_id=OuterRef("run_id"), status="completed")
+        .annotate(lapse=Case(*whens, output_field=DateTimeField()))
+        .exclude(lapse=None)
+        .order_by("lapse")
+        .values("lapse")[:1]
+    )
+    return escalations.annotate(hold_lapses_at=Subquery(lapses, output_field=DateTimeField()))
+
+
+def run_holdings(run_id: str, *, held_only: bool = False) -> list[Holding]:
+    """Return what a run holds (see holdings_of)."""
+    return holdings_of(get_run(run_id), held_only=held_only)
+
+
+def get_run(run_id: str) -> RunState:
+    try:
+        return RunState.objects.get(pk=run_id)
+    except RunState.DoesNotExist:
+        raise RunNotFound(run_id=run_id) from None
+
+
+def run_boundary(run_id: str) -> Boundary:
+    """Return the recovery boundary of a run, as a resume would compute it."""
+    return boundary_of(get_run(run_id))
+
+
+def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:
+    """For a run held under a live lease, say if the step in hand has outlived its declared timeout by the margin
+    (which thread, since when): it blocks that thread of its worker. '' otherwise. For display only: `now` is
+    the page's time, no ownership is decided by it."""
+    if run.status != RunStatus.RUNNING or not b.in_doubt or not run.lease_expires_at or run.lease_expires_at < now:
+        return ""
+    step = b.in_doubt[-1]
+    since = b.latest[step].started_at
+    try:
+        timeout = step_timeout(get_workflow(run.workflow)[step])
+    except (UnknownWorkflow, KeyError):
+        return ""
+    if since is None or now - since <= timeout + conf.stuck_margin():
+        return ""
+    age = (now - since).total_seconds()
+    held = f"{age:.0f} s" if age < 120 else f"{age / 60:.0f} min"
+    return (
+        f"{step} has been in hand for {held} on {run.owner} (since {since:%Y-%m-%d %H:%M:%S}), past its "
+        f"{timeout.total_seconds():g}s timeout"
+    )
+
+
+def _release_step(run: RunState, step: str) -> Step | None:
+    """The release step `step` ("<acquisition>:release") as this deploy declares it with its acquisition."""
+    try:
+        return get_workflow(run.workflow).releaser(step)
+    except UnknownWorkflow:
+        return None
+
+
+def step_policy(run: RunState, step: str) -> Policy | None:
+    """The policy the run's own plan declares for `step`, or for a release step the one its acquisition declares
+    (None: neither, or the plan is not recorded)."""
+    plan = run_plan(run)
+    policy = plan.policy(step) if plan else None
+    if policy in KINDS:  # a step that waits has no in-doubt policy: it never acts
+        return None
+    if policy:
+        return Policy(policy)
+    release = _release_step(run, step)
+    return None if release is None else release.policy
+
+
+def step_doc(run: RunState, step: str) -> str:
+    """The step's docstring (for an escalated step: how a person checks the far system by hand), or '': this
+    deploy's function of it, where it declares the step with the policy the run's plan has."""
+    release = _release_step(run, step)
+    if release is not None:
+        return release.doc
+    try:
+        declared = get_workflow(run.workflow).get(step)
+    except UnknownWorkflow:
+        return ""
+    plan = run_plan(run)
+    if declared is None or (plan.policy(step) if plan else None) != declared.kind:
+        return ""
+    return declared.doc
