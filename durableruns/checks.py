@@ -14,7 +14,7 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, models, router
 
 from durableruns.policies import Policy
-from durableruns.registry import workflows
+from durableruns.registry import startable_workflows, workflows
 
 TAG = "durableruns"
 
@@ -77,7 +77,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     its slots would never start."""
     from durableruns import schedules  # it reads the record's models, loaded by the time checks run
 
-    known = workflows()
+    known = startable_workflows()  # an internal workflow is not a schedule's to start
     messages: list[checks.CheckMessage] = [
         checks.Error(f"schedule {s.name!r} names workflow {s.workflow!r}, which is not declared",
                      hint="Declare the workflow in a workflows.py, or correct the schedule's workflow.",

@@ -21,7 +21,7 @@ from durableruns.clock import Clock
 from durableruns.errors import InvalidInput, ResultNotJSON
 from durableruns.holdings import RELEASE_SUFFIX
 from durableruns.models import RunState, RunStep, StepStatus
-from durableruns.registry import Workflow, get_workflow
+from durableruns.registry import Workflow, startable
 from durableruns.waits import Child
 
 # The run_id column's length (RunState.run_id); a derived id longer than this is refused, never cut.
@@ -54,7 +54,8 @@ def child_run_id(parent: str, step: str, key: Any) -> str:
 
 
 def _asked(parent: str, step: str, workflow: Workflow | str, input: Any, key: Any) -> store.NewChild:
-    flow = workflow if isinstance(workflow, Workflow) else get_workflow(workflow)
+    # An internal workflow is never a child's: refused as a name nobody declared is (UnknownWorkflow).
+    flow = workflow if isinstance(workflow, Workflow) and not workflow.internal else startable(workflow)
     if not isinstance(input, dict):
         raise InvalidInput(f"a child run's input must be a JSON object, not {type(input).__name__}")
     try:

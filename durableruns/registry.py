@@ -111,10 +111,16 @@ class Workflow:
 
     `concurrency=N`: at most N runs of the workflow hold a lease at once, across every worker and host; with
     `concurrency_key=lambda input: ...`, at most N (default 1) per key, the key asked once at start and recorded.
+
+    `internal=True`: the workflow is started only by the code that declares it, which passes the Workflow itself
+    (`services.start_run(..., internal=workflow)`). Every other way in (`durableruns.start`, the API, a child run,
+    a schedule) refuses it as it refuses a name nobody declared (UnknownWorkflow), and no list of what can be
+    started names it (startable_workflows()); the engine, the admin and the readers of its runs still find it
+    (get_workflow). The Tasks backend's "durableruns.task" is one: its input names code to call.
     """
 
     def __init__(self, name: str, *, replace: bool = False, concurrency: int | None = None,
-                 concurrency_key: Callable[[dict[str, Any]], Any] | None = None) -> None:
+                 concurrency_key: Callable[[dict[str, Any]], Any] | None = None, internal: bool = False) -> None:
         if not name or not isinstance(name, str):
             raise DeclarationError("a workflow needs a non-empty name")
         if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
@@ -128,6 +134,7 @@ class Workflow:
             raise DeclarationError(f"workflow {name[:40]!r}... has a {len(name)}-character name: the record "
                                    f"stores at most {NAME_LIMIT}", workflow=name)
         self.name = name
+        self.internal = bool(internal)
         # At most `concurrency` runs hold a lease at once: of the workflow, or per key with `concurrency_key`
         # (1 by default there). The key is asked once, at start, and recorded on the run (run_state.
         # concurrency_key); the limit itself is this deploy's, read by every claim (durableruns.store.claims).
@@ -403,8 +410,27 @@ def get_workflow(name: str) -> Workflow:
 
 
 def workflows() -> dict[str, Workflow]:
-    """Return every registered workflow by name."""
+    """Return every registered workflow by name, internal ones included (what the engine and readers of runs need)."""
     return dict(_registry)
+
+
+def startable_workflows() -> dict[str, Workflow]:
+    """Return every registered workflow a caller may start by name: internal ones left out."""
+    return {name: wf for name, wf in _registry.items() if not wf.internal}
+
+
+def startable(workflow: Workflow | str, *, internal: Workflow | None = None) -> Workflow:
+    """Return the registered workflow a caller asks to start (a Workflow or its name).
+
+    An internal workflow is refused exactly as a name nobody declared is (UnknownWorkflow, the same message,
+    listing only what may be started): a caller learns nothing of it. It is found only when `internal` is that
+    very Workflow object, which only the code that declares it holds."""
+    name = workflow.name if isinstance(workflow, Workflow) else workflow
+    found = _registry.get(name) if isinstance(name, str) else None
+    if found is not None and (not found.internal or (internal is not None and internal is found)):
+        return found
+    known = ", ".join(sorted(startable_workflows())) or "none"
+    raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {known})", workflow=name)
 
 
 _limits: tuple[int, dict[str, int]] = (-1, {})

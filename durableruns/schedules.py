@@ -31,7 +31,7 @@ from django.utils import timezone as django_timezone
 
 from durableruns import conf, store
 from durableruns.errors import DeclarationError, DurableRunsError, InvalidInput, ResultNotJSON, UnknownWorkflow
-from durableruns.registry import Workflow, get_workflow
+from durableruns.registry import Workflow, get_workflow, startable_workflows, workflows
 
 log = logging.getLogger("durableruns")
 
@@ -84,6 +84,10 @@ def schedule(
     workflow_name = workflow if isinstance(workflow, str) else getattr(workflow, "name", None)
     if not isinstance(workflow_name, str) or not workflow_name:
         raise DeclarationError(f"schedule {name}: workflow must be a Workflow or its name, not {workflow!r}")
+    declared_already = workflows().get(workflow_name)
+    if (isinstance(workflow, Workflow) and workflow.internal) or (declared_already and declared_already.internal):
+        # Started only by the code that declares it (Workflow(internal=True)): a schedule is not that code.
+        raise DeclarationError(f"schedule {name}: workflow {workflow_name!r} is internal; a schedule cannot start it")
     try:
         zone = ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
@@ -216,9 +220,9 @@ def start_due(*, clock: Any = None) -> Tick:
         after = known[declared.name]
         slots, left_out = due(declared, after=after, now=now, cap=conf.schedule_catch_up_max())
         if slots:
-            try:
-                workflow = get_workflow(declared.workflow)
-            except UnknownWorkflow:
+            # An internal workflow declared after the schedule is refused here too: startable ones only.
+            workflow = startable_workflows().get(declared.workflow)
+            if workflow is None:
                 log.error(
                     "schedule %s: workflow %r is not declared in this deploy; its slots wait for one that declares it",
                     declared.name,

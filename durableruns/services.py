@@ -32,7 +32,7 @@ from durableruns.models import Escalation, Intervention, RunPlan, RunState, RunS
 from durableruns.passes import RunOutcome
 from durableruns.plans import lacking
 from durableruns.policies import Action, Outcome, settle_in_doubt
-from durableruns.registry import get_workflow, workflows
+from durableruns.registry import Workflow, get_workflow, startable, workflows
 from durableruns.waits import Kind
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
@@ -70,7 +70,7 @@ def default_owner() -> str:
 
 
 def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, priority: int = 0,
-              queue: str = "default", run_after: datetime | None = None) -> str:
+              queue: str = "default", run_after: datetime | None = None, internal: Workflow | None = None) -> str:
     """Record a pending run of a registered workflow and return its run_id; a worker executes it.
 
     Among due runs a worker takes the highest `priority` first; a worker limited to queues (resume_runs --queue)
@@ -78,8 +78,11 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
     the database's clock. In a process that traces (the [otel] extra), the trace context current now is
     recorded with it: the run's passes continue it. A workflow with a concurrency_key has it asked of `input`
     now, once; the run records it and counts under it.
+
+    An internal workflow (Workflow(..., internal=True)) is refused as an unknown name is (UnknownWorkflow), unless
+    `internal` is that Workflow itself: only the code that declares it starts it (the Tasks backend's enqueue).
     """
-    workflow = get_workflow(workflow_name)
+    workflow = startable(workflow_name, internal=internal)
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise InvalidInput(f"priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, not {priority!r}")
     if not isinstance(queue, str) or not queue.strip() or len(queue) > 100 or not _storable_text(queue):

@@ -18,7 +18,7 @@ from durableruns import services
 from durableruns.boundary import Boundary, Zone
 from durableruns.holdings import HoldState
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
-from durableruns.registry import workflows
+from durableruns.registry import startable_workflows
 
 OUTCOMES = [
     (Intervention.Action.HAPPENED.value, Intervention.Action.HAPPENED.label),
@@ -73,14 +73,15 @@ class JSONObjectField(StorableJSONField):
 
 class WorkflowNameField(serializers.CharField):
     """A workflow's name. Checked by the service (an unknown one is `unknown_workflow`, 400), and listed as an
-    enum in the schema, read from the registry when the schema is served, so clients see what this deploy runs."""
+    enum in the schema, read from the registry when the schema is served, so clients see what this deploy runs
+    (internal workflows left out: no caller of the API may start one)."""
 
 
 class WorkflowNameFieldExtension(OpenApiSerializerFieldExtension):
     target_class = WorkflowNameField
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return {"type": "string", "enum": sorted(workflows())}
+        return {"type": "string", "enum": sorted(startable_workflows())}  # internal ones are started by code only
 
 
 class RunStatusField(serializers.ChoiceField):

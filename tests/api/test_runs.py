@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from durableruns import services
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
-from tests.api.conftest import bulk_runs, escalated_run
+from tests.api.conftest import bulk_runs, escalated_run, user_with
 from tests.factories import complete, crash_after_intent, make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,6 +159,20 @@ def test_bad_input_is_refused_with_a_clear_message_and_changes_nothing(client_fo
     assert response.status_code == status
     assert says in json.dumps(response.json())
     assert counts() == before
+
+
+def test_a_user_who_may_start_runs_cannot_start_the_internal_task_workflow(client_for, tmp_path):
+    """The report's exact body: a user holding only start_run, naming a shell command as the task."""
+    only_start = user_with("only-start", "start_run")
+    body = {"workflow": "durableruns.task", "input": {"task": "subprocess.getoutput", "args": ["id"]}}
+    before = counts()
+    response = client_for(only_start).post("/api/runs/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["code"] == "unknown_workflow"
+    assert "durableruns.task" not in response.json()["detail"].split("known:")[1]
+    assert counts() == before
+    services.resume_due()  # and the next pass has nothing of it to run
+    assert not RunState.objects.filter(workflow="durableruns.task").exists()
 
 
 def test_the_durableruns_errors_carry_a_code(client_for, starter):

@@ -12,6 +12,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from durableruns.models import RunState
+from durableruns.registry import workflows
 from tests.api.conftest import escalated_run
 from tests.factories import complete, make_run
 
@@ -59,6 +60,8 @@ def test_the_schema_is_served_to_signed_in_callers_and_names_every_operation(ano
     [ref] = start["properties"]["workflow"]["allOf"]  # drf-spectacular moves enums into components
     workflow = schema["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
     assert {"order", "scripted", "purchase_order"} <= set(workflow["enum"])
+    # ...but not an internal one: no caller of the API may start the Tasks backend's workflow
+    assert "durableruns.task" in workflows() and "durableruns.task" not in workflow["enum"]
 
 
 def test_fuzzing_every_operation_finds_no_server_error(superuser):

@@ -39,3 +39,28 @@ def hang_the_first_time(folder: str) -> int:
 @task(takes_context=True)
 def which_attempt(context) -> int:
     return context.attempt
+
+
+def touch(path: str) -> str:
+    """Not a task: a plain function with a far effect (a file appears). A forged task run naming it must not
+    call it."""
+    Path(path).write_text("called")
+    return path
+
+
+touching_alias = None  # a test points it at a Task declared at another path
+
+
+@task
+def exits() -> None:
+    exit(1)
+
+
+@task
+def interrupts() -> None:
+    raise KeyboardInterrupt("the task's own")
+
+
+@task
+def returns_a_function():
+    return lambda: True
