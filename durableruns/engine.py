@@ -18,6 +18,8 @@ from datetime import datetime, timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from django.db import DatabaseError
+
 from durableruns import children, conf, plans, releasing, signals, store, testing, waiting, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
@@ -151,6 +153,10 @@ class Engine:
         except FencedOut as exc:
             lease = state.lease
             log.warning("run %s: fenced out: %s", lease.run_id, exc)
+            try:  # it has left the step: a limited run's slot frees now, not when the lease runs out
+                store.let_go(lease)
+            except DatabaseError as again:
+                log.warning("run %s: could not let go (the lease runs out on its own): %s", lease.run_id, again)
             return RunOutcome(run_id=lease.run_id, status="fenced_out",
                               detail=f"another worker took the run (epoch {lease.epoch} is stale); wrote nothing more",
                               steps_run=state.steps_run)

@@ -120,7 +120,8 @@ class RunState(models.Model):
             # claim nothing (issue 22).
             models.Index(fields=["-priority", "created_at"], name="run_state_ready_idx",
                          condition=Q(status__in=["pending", "running"])),
-            models.Index(fields=["wake_at"], name="run_state_wake_idx", condition=Q(status="waiting")),
+            # Woken runs in wake order, those woken at the same moment in the order they were recorded.
+            models.Index(fields=["wake_at", "created_at"], name="run_state_wake_idx", condition=Q(status="waiting")),
             # Unfinished runs by plan: the admin's plan filter counts them per plan, and reading them through
             # this index costs the few unfinished runs, not every run kept (a scan of run_state at a million).
             models.Index(fields=["plan_fingerprint"], name="run_state_unfinished_plan_idx",
@@ -133,6 +134,11 @@ class RunState(models.Model):
             models.Index(fields=["workflow", "concurrency_key", "-priority", "created_at"],
                          name="run_state_limit_parked_idx",
                          condition=Q(status="waiting", concurrency_key__isnull=False, reason=PARKED)),
+            # The limited runs ended by someone else while their worker may still be inside a call: each keeps
+            # the lease it had, and its slot with it, until that worker lets go or the lease runs out (few).
+            models.Index(fields=["workflow", "concurrency_key"], name="run_state_limit_held_idx",
+                         condition=Q(concurrency_key__isnull=False, lease_expires_at__isnull=False)
+                         & ~Q(status="running")),
             # A run's children (a join reads their statuses, a cancel finds them, a child's end its siblings): only
             # children are indexed, so runs started otherwise cost the index nothing.
             models.Index(fields=["parent_id"], name="run_state_parent_idx", condition=Q(parent_id__isnull=False)),

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from django.db import connections, models
-from django.db.models import Q
+from django.db.models import Case, F, Q, When
 from django.db.models.functions import Coalesce
 
 
@@ -26,19 +26,28 @@ class RunStateQuerySet(models.QuerySet):
         return self.filter(status__in=self.ACTIVE).exclude(status="running", lease_expires_at__gte=now)
 
     def claimable(self, now: datetime, *, queues: tuple[str, ...] = ()) -> RunStateQuerySet:
-        """Due runs (on `queues`, if given), higher priority first then the oldest, locked for the caller and
-        skipped if another worker holds the lock."""
+        """Due runs (on `queues`, if given) in the claim's order, locked for the caller and skipped if another
+        worker holds the lock."""
         due = self.due(now).filter(queue__in=queues) if queues else self.due(now)
-        return due.order_by("-priority", "created_at").select_for_update(skip_locked=True)
+        return due.in_claim_order().select_for_update(skip_locked=True)
 
-    def within_limits(self, limits: Mapping[str, int]) -> RunStateQuerySet:
+    def in_claim_order(self) -> RunStateQuerySet:
+        """The order every claim takes due runs in, PostgreSQL's statement (store.claims) and this ORM's alike:
+        higher priority first; among equals the one due first (a woken run at its wake time, any other when it
+        was recorded); then the one recorded first; then by run_id."""
+        due_at = Case(When(status="waiting", then=F("wake_at")), default=F("created_at"))
+        return self.alias(due_at=due_at).order_by("-priority", "due_at", "created_at", "run_id")
+
+    def within_limits(self, limits: Mapping[str, int], now: datetime) -> RunStateQuerySet:
         """Leave out the runs their concurrency limit holds back: a limited run (of a workflow in `limits`, with
-        a key recorded) not running yet, whose (workflow, key) has its limit of runs running already. A running
-        run (its worker died) keeps its slot. Exact only where claims do not race (SQLite's one writer);
-        PostgreSQL's claim admits under a lock (durableruns.store.claims)."""
+        a key recorded) not running yet, whose (workflow, key) has its limit of slots held already. A running
+        run (its worker died) keeps its slot; so does a run someone else ended while its worker may be inside a
+        call, until that worker lets go or the lease it had runs out (it records that lease). Exact only where
+        claims do not race (SQLite's one writer); PostgreSQL's claim admits under a lock (store.claims)."""
         if not limits:
             return self
-        holding = (self.model._default_manager.filter(status="running", workflow=models.OuterRef("workflow"),
+        holds = Q(status="running") | (Q(lease_expires_at__gt=now) & ~Q(run_id=models.OuterRef("run_id")))
+        holding = (self.model._default_manager.filter(holds, workflow=models.OuterRef("workflow"),
                                                       concurrency_key=models.OuterRef("concurrency_key"))
                    .order_by().values("workflow").annotate(n=models.Count("pk")).values("n"))
         full = Q()

@@ -254,7 +254,7 @@ def preview_due(*, limit: int | None = 100, run_id: str | None = None, clock: Cl
     due = RunState.objects.due(now)
     if queues:
         due = due.filter(queue__in=list(queues))
-    runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else due.order_by("-priority", "created_at")
+    runs = RunState.objects.filter(pk=run_id).takeable(now) if run_id else due.in_claim_order()
     previews = []
     for run in runs.with_attempts()[:limit]:
         b = boundary_of(run)

@@ -463,6 +463,26 @@ def keyed_close(ctx: Any) -> dict[str, Any]:
     return {"did": "close", **_busy()}
 
 
+# A far session of a key limit 1 that lasts until the test opens its gate (tests/integration/test_limits_cancel.py):
+# the step notes in GATED_DIR when it entered the far system and when it left it, on this host's clock (the test's
+# workers share it), and waits for the file open-<run_id> meanwhile, as a far call that takes its time.
+gated = Workflow("gated", concurrency_key=lambda input: input["account"])
+
+
+@gated.step(policy="re_executable")
+def gated_session(ctx: Any) -> dict[str, Any]:
+    folder = Path(os.environ["GATED_DIR"])
+    with (folder / "log").open("a") as log:
+        log.write(f"{ctx.run_id} entered {time.time()!r}\n")
+    gate = folder / f"open-{ctx.run_id}"
+    deadline = time.monotonic() + 120
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with (folder / "log").open("a") as log:
+        log.write(f"{ctx.run_id} left {time.time()!r}\n")
+    return {"account": ctx.input["account"]}
+
+
 refused = Workflow("refused")
 
 

@@ -11,7 +11,7 @@ public names. One module a concept, each below the ones that use it:
                  (to_json, ensure_json, storable: durableruns.encoding, below the store; re-exported here)
     plans        record_plan, plan_of, forget_plans
     children     NewChild, child_exists, start_child; a child's end waking its parent's join (wake_parent)
-    runs         create_run, renew, renew_all, release, begin_ending, end, reopen_runnable, reopen_runs
+    runs         create_run, renew, renew_all, release, begin_ending, end, let_go, reopen_runnable, reopen_runs
     claims       claim and its statements (the probes, concurrency limits, a fresh run's first intent), and what
                  a thread's last claim read: next_due_from_last_claim, more_due_after_last_claim, NEXT_DUE
     attempts     record_intent, record_result, record_failure, checkpoint, record_raised
@@ -45,6 +45,7 @@ from durableruns.store.runs import (
     begin_ending,
     create_run,
     end,
+    let_go,
     release,
     renew,
     renew_all,
@@ -84,6 +85,7 @@ __all__ = [
     "delete_runs",
     "delete_scratch_run",
     "end",
+    "let_go",
     "ensure_json",
     "forget_plans",
     "give_alert_mark_back",

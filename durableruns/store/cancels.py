@@ -111,8 +111,10 @@ def _cancel_child(run_id: str, *, reason: str, decided_by: str, user_id: int | N
             ending=RunStatus.CANCELLED).values_list("pk", flat=True).first() is None:
         return False
     fields = ending_fields(run_id, RunStatus.CANCELLED)
-    RunState.objects.filter(pk=run_id).update(epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None,
-                                              updated_at=now, reason=storable(reason), **fields)
+    # Its lease is left as it is (record_staff_action says why): a limited child holds its slot until its worker,
+    # fenced out, lets go or that lease runs out.
+    RunState.objects.filter(pk=run_id).update(epoch=F("epoch") + 1, wake_at=None, updated_at=now,
+                                              reason=storable(reason), **fields)
     if fields["status"] == RunStatus.PENDING:
         wake_workers()  # a worker gives back what it holds, then ends it cancelled
     staff_act({"run_id": run_id, "step": "", "attempt": None, "action": Intervention.Action.CANCEL,

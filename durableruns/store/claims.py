@@ -43,9 +43,11 @@ NEXT_DUE = """extract(epoch FROM least(
 _IN_QUEUES = "\n            AND queue = ANY(%(queues)s::text[])"
 
 # The due run of two probes: the pending (or abandoned) run of highest priority, the oldest among equals, walking
-# run_state_ready_idx, and the waiting run whose wake time came first, walking run_state_wake_idx: runs asleep (any
-# number, holding nothing) are never walked past. Each probe locks at most one row, skipping locked ones. A woken
-# run of the same priority comes first if it is the older.
+# run_state_ready_idx, and the waiting run whose wake time came first (the first recorded among equals), walking
+# run_state_wake_idx: runs asleep (any number, holding nothing) are never walked past. Each probe locks at most one
+# row, skipping locked ones. Between the two, at the same priority, the one due first comes first: a woken run
+# was due at its wake time, a ready one when it was recorded (_WOKEN_FIRST); the ORM claim orders so too
+# (RunStateQuerySet.claimable), so SQLite and PostgreSQL start runs in one order.
 _PROBES = """
          WITH ready AS MATERIALIZED (
            SELECT run_id, priority, created_at, status, workflow, concurrency_key FROM run_state
@@ -53,14 +55,15 @@ _PROBES = """
               AND (status = 'pending' OR lease_expires_at < now() + %(shift)s){queues}{skip}
             ORDER BY priority DESC, created_at LIMIT 1 FOR UPDATE SKIP LOCKED),
          woken AS MATERIALIZED (
-           SELECT run_id, priority, created_at, status, workflow, concurrency_key FROM run_state
+           SELECT run_id, priority, created_at, wake_at, status, workflow, concurrency_key FROM run_state
             WHERE status = 'waiting' AND wake_at <= now() + %(shift)s{queues}{skip}
-            ORDER BY wake_at LIMIT 1 FOR UPDATE SKIP LOCKED)"""
+            ORDER BY wake_at, created_at LIMIT 1 FOR UPDATE SKIP LOCKED)"""
 
 # The first of the two in the claim's order, compared without a sort (a sort under the claim's enable_sort = off
 # would cost the plan so much that PostgreSQL compiled it with JIT, seconds per claim).
 _WOKEN_FIRST = ("coalesce(w.run_id IS NOT NULL AND (r.run_id IS NULL OR w.priority > r.priority"
-                " OR (w.priority = r.priority AND w.created_at < r.created_at)), false)")
+                " OR (w.priority = r.priority AND (w.wake_at < r.created_at"
+                " OR (w.wake_at = r.created_at AND w.created_at < r.created_at)))), false)")
 
 _TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s"""
@@ -98,6 +101,13 @@ parked AS (SELECT NULL::text AS run_id WHERE false),"""
 # (pending), by the trigger run_state_slot_freed, under the same lock: a run is parked only while the key's
 # slots are all held by running runs, and each of those lets one go when it leaves; a claim admitted with room
 # to spare lets one more go (a limit raised by a deploy fills up).
+#
+# A run someone else ended while its worker may be inside a far call (a staff cancel, its ancestor's) keeps the
+# lease it had, and holds its slot until that worker, fenced out, lets go (store.runs.let_go, whose trigger
+# run_state_slot_let_go lets the first parked run go) or the lease runs out: the limit means no overlap at the far
+# system, not only no overlap of leases. Nothing happens when a lease runs out, so a run refused for such a slot
+# is parked with that lease's end as its wake time (durableruns_held_until, migration 0021): the woken probe takes
+# it then.
 _CLAIMED_LIMITED = """
 WITH chosen AS MATERIALIZED (""" + _PROBES + """
   SELECT CASE WHEN wf THEN w.run_id ELSE r.run_id END AS run_id,
@@ -107,7 +117,7 @@ WITH chosen AS MATERIALIZED (""" + _PROBES + """
     FROM (VALUES (1)) AS one LEFT JOIN ready r ON true LEFT JOIN woken w ON true,
          LATERAL (SELECT """ + _WOKEN_FIRST + """ AS wf) AS pick),
 verdict AS MATERIALIZED (
-  SELECT c.run_id,
+  SELECT c.run_id, c.workflow AS limited_workflow, c.concurrency_key AS limited_key,
          CASE WHEN c.status = 'running' OR c.concurrency_key IS NULL OR %(limits)s::jsonb ->> c.workflow IS NULL
               THEN true
               ELSE durableruns_admit(c.workflow, c.concurrency_key, (%(limits)s::jsonb ->> c.workflow)::int,
@@ -117,7 +127,9 @@ taken AS (
   UPDATE run_state SET status = CASE WHEN v.admitted THEN 'running' ELSE 'waiting' END,
          owner = CASE WHEN v.admitted THEN %(owner)s ELSE owner END,
          epoch = CASE WHEN v.admitted THEN epoch + 1 ELSE epoch END,
-         lease_expires_at = CASE WHEN v.admitted THEN now() + %(shift)s + %(lease)s END, wake_at = NULL,
+         lease_expires_at = CASE WHEN v.admitted THEN now() + %(shift)s + %(lease)s END,
+         wake_at = CASE WHEN v.admitted THEN NULL
+                        ELSE durableruns_held_until(v.limited_workflow, v.limited_key, v.run_id) END,
          reason = CASE WHEN v.admitted THEN run_state.reason ELSE '""" + PARKED + """' END,
          updated_at = now() + %(shift)s
     FROM verdict v WHERE run_state.run_id = v.run_id
@@ -451,13 +463,14 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         # at a time (its transactions begin IMMEDIATE, durableruns.sqlite), so the count and the take are not
         # raced; nothing is parked (the limited runs are walked past instead: SQLite is the small, embedded case).
         if run_id is None:
-            candidates = RunState.objects.claimable(clock.expression(), queues=queues).within_limits(limits())
+            candidates = RunState.objects.claimable(clock.expression(), queues=queues).within_limits(
+                limits(), clock.expression())
             if skip:
                 candidates = candidates.exclude(pk__in=list(skip))
         else:
             candidates = RunState.objects.filter(pk=run_id).takeable(clock.expression())
             if not on_postgresql():  # PostgreSQL admits it under its key's lock, below
-                candidates = candidates.within_limits(limits())
+                candidates = candidates.within_limits(limits(), clock.expression())
             candidates = candidates.select_for_update(skip_locked=True)
         row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending",
                                 "trace_context", "status", "concurrency_key").first()

@@ -207,6 +207,18 @@ def release(lease: Lease, *, status: str, clock: Clock = DATABASE, wake_at: date
     signals.run_finished(lease.run_id, status, reason=storable(reason))  # signals: completed, failed, cancelled
 
 
+def let_go(lease: Lease) -> bool:
+    """Say that this worker, fenced out of its run (someone else ended it, or moved it on, while the worker was
+    inside a step), has left it: the lease it had, which the run kept so that its concurrency slot stays held
+    while the worker may still act at the far system (store.claims), is cleared; a trigger lets the first run
+    parked by that limit go (run_state_slot_let_go). A run running again (another worker took it) is not this
+    worker's to touch: only its own lease on a run that is not running is cleared. True if one was."""
+    with transaction.atomic(using=conf.database(), durable=True):
+        return bool(RunState.objects.filter(pk=lease.run_id, owner=lease.owner, epoch__gt=lease.epoch,
+                                            lease_expires_at__isnull=False)
+                    .exclude(status=RunStatus.RUNNING).update(lease_expires_at=None))
+
+
 def begin_ending(lease: Lease, *, ending: str, reason: str, clock: Clock = DATABASE) -> None:
     """Record that the run, still in this worker's hands, ends unfinished as `ending` once it has given back
     what it holds: a crash from here on resumes the releasing, not the run."""

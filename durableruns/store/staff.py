@@ -167,8 +167,10 @@ def record_staff_action(
         if action == Intervention.Action.CANCEL:
             status_fields = ending_fields(run_id, new_status)
             new_status = status_fields["status"]
+        # The lease is left as it is: a running run's worker may be inside a far call until it lets go (fenced
+        # out, store.runs.let_go) or that lease runs out, and a limited run holds its slot until then (claims).
         RunState.objects.filter(pk=run_id).update(
-            epoch=F("epoch") + 1, wake_at=None, lease_expires_at=None, updated_at=now,
+            epoch=F("epoch") + 1, wake_at=None, updated_at=now,
             reason=f"{action} by {decided_by}: {note}", **status_fields,
         )
         if new_status == RunStatus.PENDING:

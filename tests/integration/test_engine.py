@@ -338,7 +338,9 @@ def test_a_stale_epoch_writes_nothing():
     assert (run.owner, run.cursor, run.status) == ("b", 0, RunStatus.RUNNING)
 
 
-def test_the_claim_takes_the_oldest_due_run_and_never_one_that_is_not_due():
+def test_the_claim_takes_the_run_due_first_and_never_one_that_is_not_due():
+    """A woken run is due since its wake time, any other due run since it was recorded (issue 30: one order on
+    PostgreSQL and SQLite, RunStateQuerySet.in_claim_order)."""
     now = timezone.now()
     ids = [make_run(run_id=f"r{i}") for i in range(6)]
     for age, run_id in enumerate(reversed(ids)):  # r0 oldest ... r5 newest
@@ -349,7 +351,8 @@ def test_the_claim_takes_the_oldest_due_run_and_never_one_that_is_not_due():
     RunState.objects.filter(pk="r3").update(status=RunStatus.WAITING, wake_at=now - timedelta(seconds=1))
     RunState.objects.filter(pk="r4").update(status=RunStatus.RUNNING, lease_expires_at=now - timedelta(seconds=1))
     taken = [store.claim(owner="w", lease_seconds=30) for _ in range(4)]
-    assert [c.lease.run_id if c else None for c in taken] == ["r3", "r4", "r5", None]
+    # r4 (its lease ran out) recorded 2 minutes ago, r5 recorded 1 minute ago, r3 woken 1 second ago
+    assert [c.lease.run_id if c else None for c in taken] == ["r4", "r5", "r3", None]
 
 
 def test_a_live_lease_is_not_taken_and_cancel_fences_the_holder():
