@@ -29,6 +29,7 @@ import durableruns
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from project.purchasing.far import FarSystems
 from tests.conftest import Workers
+from tests.faults import families as family
 from tests.faults.conftest import Report
 from tests.faults.pgbouncer import PgBouncer
 from tests.faults.support import (
@@ -388,3 +389,39 @@ def test_a_far_call_that_lands_late_is_not_made_twice_on_any_path(
             assert state.status == RunStatus.CANCELLED and late_far.released(case.run_id) == [f"{key}:release"]
         else:
             assert state.status == RunStatus.COMPLETED, (case, state.status, state.reason)
+
+
+# Parents with children, ended each way (issue 30, tests.faults.families): a worker killed where a parent starts
+# its children (asked for, not committed) and where a child books (its intent recorded; its booking made and its
+# result not), then one worker settles them while staff end the parents.
+FAMILY_KILLS = (("start_nappers", "after_return"), ("book_after_nap", "after_intent"),
+                ("book_after_nap", "after_return"))
+
+
+def test_a_parent_with_children_ended_each_way_under_kills_makes_no_effect_twice(
+    far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
+) -> None:
+    started = time.monotonic()
+    families = family.start("matrix")
+    for step, point in FAMILY_KILLS:
+        # One worker draining what is due; it dies the first time any run reaches the point.
+        crashed = workers.run("--once", "--lease", "1", "--worker", f"doomed-{step}-{point}", timeout=60,
+                              DURABLERUNS_CRASH_AT=f"{step}@{point}",
+                              DURABLERUNS_CRASH_MARKER=str(tmp_path / f"{step}-{point}"))
+        assert crashed.returncode == -9, f"{step}@{point}: not killed (exit {crashed.returncode}):\n{crashed.stderr}"
+        time.sleep(1.1)  # its lease runs out
+    settler = workers.start("--loop", "--lease", "1", "--interval", "0.2", "--worker", "settler")
+    acted: set[str] = set()
+    deadline = time.monotonic() + 90
+    while not (family.settled(families) and len(acted) == 3):
+        assert time.monotonic() < deadline and settler.poll() is None, list(
+            RunState.objects.filter(pk__in=family.runs_of(families)).values_list("run_id", "status", "reason"))
+        family.end_those_ready(families, acted)
+        time.sleep(0.2)
+    settler.kill()
+    counts = family.check(families, far)
+    assert not far.carrier.duplicates()
+    in_doubt = RunStep.objects.filter(run_id__in=family.runs_of(families), status="started").count()
+    fault_report("crash matrix: parents with children ended each way",
+                 {**counts, "kills": len(FAMILY_KILLS), "attempts left in doubt": in_doubt,
+                  "seconds": round(time.monotonic() - started)})

@@ -5,7 +5,10 @@ one reply in a hundred (the effect happened, the caller never heard), so runs ar
 kills and by the far systems themselves. Meanwhile staff cancel one run in ten, wherever it is, and abandon
 every run that comes to wait for a person: those end unfinished and must give their stock reservation back,
 under workers that keep dying. Beside them, WAITS runs of tests.workflows' `waiting` wait for a supplier's
-confirmation that the soak sends (twice, as a retried webhook) at random moments, before or while they wait.
+confirmation that the soak sends (twice, as a retried webhook) at random moments, before or while they wait, and
+parents with children (tests.faults.families) end each way: completed, failed, their approval rejected, their
+escalation abandoned, cancelled by staff; completed children stay, a cancelled parent's napping child ends
+cancelled and never books, a failed parent's children go on.
 When every run has completed or been cancelled, the ledgers must hold exactly
 one effect per key at the payment provider, the carrier, the portal, the warehouse (and the credit vendor),
 the record and the ledgers must agree in both directions, and no run that ended unfinished still holds stock.
@@ -28,6 +31,7 @@ from durableruns.models import Escalation, Intervention, RunEvent, RunState, Run
 from project.purchasing.far import FarSystems
 from tests.conftest import Workers, wait_until
 from tests.faults.conftest import Report
+from tests.faults import families as family
 from tests.faults.pgbouncer import PgBouncer
 from tests.faults.support import (
     ACTIVE,
@@ -105,7 +109,8 @@ def cancel_some(run_ids: list[str]) -> set[str]:
 def test_two_workers_killed_again_and_again_leave_one_effect_per_key(
     concurrency: int, far: FarSystems, workers: Workers, tmp_path: Path, fault_report: Report
 ) -> None:
-    counts = soak(RUNS, KILLING_FOR, concurrency=concurrency, far=far, workers=workers, folder=tmp_path, waits=WAITS)
+    counts = soak(RUNS, KILLING_FOR, concurrency=concurrency, far=far, workers=workers, folder=tmp_path, waits=WAITS,
+                  families=True)
     fault_report(f"soak with {concurrency} thread(s) per worker", counts)
 
 
@@ -120,11 +125,12 @@ def test_a_short_soak_through_pgbouncer_leaves_one_effect_per_key(
 
 
 def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, workers: Workers, folder: Path,
-         route: dict[str, str] | None = None, waits: int = 0) -> dict[str, int]:
+         route: dict[str, str] | None = None, waits: int = 0, families: bool = False) -> dict[str, int]:
     """Start `runs` orders and `waits` runs that wait for a supplier's confirmation, kill two workers at random
     for up to `killing_for` seconds (sending confirmations meanwhile, and more orders while the orders left run
     low before MIN_KILLS kills), let the survivors finish, and check the record and the ledgers; return the
-    counts. `route` (DATABASE_URL): how the workers connect."""
+    counts. `route` (DATABASE_URL): how the workers connect. With `families`, parents with children ended each
+    way (tests.faults.families) run beside them, staff ending theirs as each comes to wait."""
     tmp_path = folder
 
     def orders(first: int, count: int) -> list[str]:
@@ -133,9 +139,12 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     run_ids = orders(0, runs)
     waiting = [durableruns.start("waiting", {"total": 5, "cool_off": 0.3}, run_id=f"WAIT-soak-{i:02d}")
                for i in range(waits)]
-    # The workers load the probe, and tests.workflows where `waiting` is declared when there are waiting runs.
-    route = dict(route or {}, **({"DURABLERUNS_WORKFLOW_MODULES": "tests.faults.probe,tests.workflows"} if waits
-                                 else {}))
+    kin = family.start(f"soak-{concurrency}") if families else {}
+    kin_runs = family.runs_of(kin)
+    ended_by_staff: set[str] = set()
+    # The workers load the probe, and tests.workflows where `waiting` and the families' workflows are declared.
+    route = dict(route or {}, **({"DURABLERUNS_WORKFLOW_MODULES": "tests.faults.probe,tests.workflows"}
+                                 if waits or families else {}))
     rng = random.Random(20260808)
     generation = 0
 
@@ -157,6 +166,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
         if kills < MIN_KILLS and active() < TOP_UP_BELOW:
             run_ids += orders(len(run_ids), TOP_UP)
         abandoned |= abandon_waiting()
+        family.end_those_ready(kin, ended_by_staff)
         confirm_some(waiting, rng)
         if cancel_at is not None and time.monotonic() - began >= cancel_at:
             cancelled, cancel_at = cancel_some(run_ids), None
@@ -180,6 +190,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     confirm_some(waiting, rng, k=len(waiting))  # every confirmation sent by now (again for most: recorded once)
     while active() and time.monotonic() < deadline:
         abandoned |= abandon_waiting()
+        family.end_those_ready(kin, ended_by_staff)
         time.sleep(0.2)
     for worker in slots.values():  # SIGTERM ends --loop cleanly once the command has installed its handler
         wait_until(lambda: worker.out.stat().st_size > 0 or worker.proc.poll() is not None, what="a first pass")
@@ -190,16 +201,18 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
         assert worker.proc.returncode == 0 and "Traceback" not in err, err[-4000:]
 
     # Every run completed, or was cancelled or abandoned by staff and gave back what it held; nobody waits.
-    status = Counter(RunState.objects.values_list("status", flat=True))
+    status = Counter(RunState.objects.exclude(pk__in=kin_runs).values_list("status", flat=True))
     assert set(status) <= SETTLED and sum(status.values()) == len(run_ids) + waits, status
-    unfinished = set(RunState.objects.filter(status=RunStatus.CANCELLED).values_list("run_id", flat=True))
+    kin_counts = family.check(kin, far) if families else {}
+    unfinished = set(RunState.objects.filter(status=RunStatus.CANCELLED).exclude(pk__in=kin_runs)
+                     .values_list("run_id", flat=True))
     finished = [run_id for run_id in run_ids if run_id not in unfinished]
     assert Escalation.objects.open().count() == 0
     assert not RunState.objects.exclude(ending="").exists()
-    assert set(Escalation.objects.values_list("step", flat=True)) <= {"notify_buyer"}
+    assert set(Escalation.objects.exclude(run_id__in=kin_runs).values_list("step", flat=True)) <= {"notify_buyer"}
 
     # No step has two completed attempts; the completed steps of a run are a prefix of the plan.
-    completed = Counter(RunStep.objects.filter(status="completed").values_list("run_id", "step"))
+    completed = Counter(RunStep.objects.filter(status="completed").values_list("run_id", "step"))  # families too
     assert max(completed.values()) == 1
     for run_id in run_ids:
         done = [step for step in PLAN if (run_id, step) in completed]
@@ -212,7 +225,8 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     # release of a reservation); every completed run has one per step.
     assert duplicates(far) == {}
     for step, system in SYSTEM_OF.items():
-        by_key = {k: n for k, n in getattr(far, system).counts_by_key().items() if not k.endswith(":release")}
+        by_key = {k: n for k, n in getattr(far, system).counts_by_key().items()
+                  if not k.endswith(":release") and k.rsplit(":", 1)[0] not in kin_runs}  # (family.check's)
         assert set(by_key.values()) <= {1}, f"{system}: {by_key}"
         assert {f"{run_id}:{step}" for run_id in finished} <= set(by_key), f"{system}: {len(by_key)} keys"
         assert set(by_key) <= {f"{run_id}:{step}" for run_id in run_ids}, f"{system}: keys of no run"
@@ -269,4 +283,4 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
             "duplicates": sum(map(len, duplicates(far).values())),
             "attempts left in doubt": left_in_doubt, "settled by lookup": by_lookup,
             "cancelled": len(cancelled), "abandoned": len(abandoned), "reservations released": len(releases),
-            "holds leaked": len(leaked(far, unfinished))}
+            "holds leaked": len(leaked(far, unfinished)), **kin_counts}
