@@ -24,9 +24,9 @@ from durableruns.store.base import DATABASE, Claimed, Intent, Lease, decoded, fa
 from durableruns.store.runs import reopen_runnable
 from durableruns.store.sql import Times, hot_path
 
-# Highest priority first, then the oldest, by walking run_state_ready_idx (priority DESC, created_at) in its order,
-# and the waiting runs by run_state_wake_idx in wake order: the first unlocked due row ends each scan, however many
-# runs are due. Left to its statistics, PostgreSQL may instead fetch every due run and sort
+# Highest priority first, then the one due first, by walking run_state_ready_idx (priority DESC, created_at) in its
+# order, and the waiting runs by run_state_wake_idx in wake order: the first unlocked due row ends each scan,
+# however many runs are due. Left to its statistics, PostgreSQL may instead fetch every due run and sort
 # them, at each claim, which makes draining a backlog quadratic: it does so whenever the statistics say almost
 # nothing is due while thousands of runs are (after the tables were emptied and refilled, 10,000 runs drained
 # 17% slower). SET LOCAL holds for the claim's own transaction only.
@@ -221,7 +221,7 @@ Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any
 def _pg_claim(*, owner: str, times: Times, first_steps: str,
           before_commit: Callable[[str], None] | None = None, hints: bool = False,
           queues: tuple[str, ...] = (), skip: Collection[str] = (), limits: str | None = None) -> Claim | None:
-    """Take the due run of highest priority (the oldest among equals) in one statement, with its attempts; SKIP
+    """Take the due run of highest priority (the one due first among equals) in one statement, with its attempts; SKIP
     LOCKED lets any number of workers scan at once. With `queues`, only a run on one of them; `skip`, runs this
     pass leaves out (store.claim). A fresh run of a workflow in `first_steps` (JSON: workflow, fingerprint, step)
     gets its first
@@ -383,7 +383,7 @@ def _attempt(row: dict[str, Any]) -> StepAttempt:
 def claim(*, owner: str, lease_seconds: float, clock: Clock = DATABASE, run_id: str | None = None,
           first_steps: FirstSteps = (), before_first_intent: Callable[[str], None] | None = None,
           hints: bool = False, queues: tuple[str, ...] = (), skip: Collection[str] = ()) -> Claimed | None:
-    """Take the due run of highest priority, the oldest among equals (or `run_id`, if it is not held under a
+    """Take the due run of highest priority, the one due first among equals (or `run_id`, if it is not held under a
     live lease); bump its epoch. With `queues`, only a run on one of those queues (a named `run_id` is taken
     whatever its queue). Runs in `skip` are left out: a single pass's runs it left due again at once
     (worker.pool), so it does not spin on them. A run of a workflow with a concurrency limit is taken only while
@@ -423,7 +423,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
            queues: tuple[str, ...] = (), skip: Collection[str] = ()) -> Claimed | None:
     """One claim, as `claim` describes it.
 
-    On PostgreSQL, when it takes the oldest due run, a fresh run whose (workflow, plan fingerprint) is in
+    On PostgreSQL, when it takes the next due run, a fresh run whose (workflow, plan fingerprint) is in
     `first_steps` also gets the intent of the named first step in the claim's commit (Claimed.first_intent), as
     each later step's intent rides on the result before it. `before_first_intent(step)` runs before that commit
     (fault injection). A claim of a named `run_id`, or on another database, records no intent.
