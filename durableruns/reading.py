@@ -44,7 +44,8 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
         return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
     recorded = run_plan(run)
     waits = recorded.waits if recorded is not None else {}
-    return replace(compute_boundary(plan, attempts, waits=waits), status=run.status)
+    turns = store.waiting_turns(run.run_id) if run.status == RunStatus.WAITING else None
+    return replace(compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status)
 
 
 def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:
