@@ -97,7 +97,11 @@ def turn(
     return Turn(go=slot <= now, at=slot)
 
 
+# How the reason of a run waiting for its turn begins: readers look its turns up only for such a run.
+WAITING_FOR_TURN = "waiting for the rate limit of "
+
+
 def waiting_reason(step: str, key: str, until: datetime) -> str:
     """What a run waiting for its turn says: 'waiting for the rate limit of book_shipment (key dhl) until 14:07:12'."""
     keyed = f" (key {key})" if key else ""
-    return f"waiting for the rate limit of {step}{keyed} until {until:%H:%M:%S}"
+    return f"{WAITING_FOR_TURN}{step}{keyed} until {until:%H:%M:%S}"

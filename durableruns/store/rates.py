@@ -57,8 +57,8 @@ def take_turn(lease: Lease, *, step: str, key: str, rate: Rate, clock: Clock = D
         horizon = now - rate.window - margin
         bucket.filter(at__lte=horizon).delete()
         mine = (bucket.filter(run_id=lease.run_id, started=False).order_by("-at").values_list("pk", "at").first())
-        recent = list(bucket.filter(at__gt=horizon).exclude(pk=mine[0] if mine else None)
-                      .order_by("-at").values_list("at", "started")[: rate.limit])
+        others = bucket.filter(at__gt=horizon).exclude(pk=mine[0]) if mine else bucket.filter(at__gt=horizon)
+        recent = list(others.order_by("-at").values_list("at", "started")[: rate.limit])
         starts = list(bucket.filter(started=True, at__gt=horizon).order_by("-at")
                       .values_list("at", flat=True)[: rate.limit])
         decided = turn(rate, now=now, starts=starts, reserved=[at for at, started in recent if not started],
