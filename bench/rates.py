@@ -8,8 +8,8 @@
   with its turn as wake time, an hour and more ahead, and its reason) against none, side by side in rotating rounds,
   in schemas as bench/claim_cost.py builds them (target: within 1.2 x).
 
-Run: `python -m bench.rates [--rounds 3] [--claims 300] [--claim-rounds 9] [--out bench/results/rates.json]` (its
-own database, dr_rates_bench by default).
+Run: `python -m bench.rates [--runs 60] [--rounds 3] [--claims 300] [--claim-rounds 9] [--waiting 10000]
+[--out bench/results/rates.json]` (its own database, dr_rates_bench by default).
 """
 
 from __future__ import annotations
@@ -24,22 +24,22 @@ from pathlib import Path
 from typing import Any
 
 RUNS = 60
-IDEAL_SECONDS = 60 / 5 * 1.0
+RATE = 5  # a second
 WAITING = 10_000
 
 
-def schedule_round(dbname: str, workers: list[Any]) -> dict[str, float]:
-    """60 runs through the three listening workers: elapsed (database clock), its ratio to the ideal, and the most
-    calls in a 1 s window of the steps' clock."""
+def schedule_round(runs: int) -> dict[str, float]:
+    """`runs` runs through the three listening workers: elapsed (database clock), its ratio to the ideal (runs / 5
+    x 1 s), and the most calls in a 1 s window of the steps' clock."""
     import durableruns
     from bench import app
     from bench.workflows import rated
 
     app.reset()
     app.execute("DELETE FROM run_rate_turn")
-    ids = [durableruns.start(rated.name, {"n": n}) for n in range(RUNS)]
+    ids = [durableruns.start(rated.name, {"n": n}) for n in range(runs)]
     deadline = time.monotonic() + 120
-    while app.execute("SELECT count(*) FROM run_state WHERE status = 'completed'")[0][0] < RUNS:
+    while app.execute("SELECT count(*) FROM run_state WHERE status = 'completed'")[0][0] < runs:
         if time.monotonic() > deadline:
             raise RuntimeError("the rate-limited runs did not complete in 120 s")
         time.sleep(0.1)
@@ -49,7 +49,7 @@ def schedule_round(dbname: str, workers: list[Any]) -> dict[str, float]:
     if len(calls) != len(ids):
         raise RuntimeError(f"{len(calls)} calls for {len(ids)} runs")
     busiest = max(sum(1 for u in calls if t <= u < t + 1.0) for t in calls)
-    return {"elapsed_seconds": float(elapsed), "over_ideal": float(elapsed) / IDEAL_SECONDS,
+    return {"elapsed_seconds": float(elapsed), "over_ideal": float(elapsed) / (runs / RATE),
             "most_calls_in_1s": busiest, "calls_span_seconds": calls[-1] - calls[0]}
 
 
@@ -111,25 +111,27 @@ def _workload(schema: str, *, claims: int) -> Any:
     return Workload(name=schema, run=work, ops=claims, setup=setup)
 
 
-def claim_cost_figure(*, claims: int, rounds: int) -> dict[str, Any]:
+def claim_cost_figure(*, claims: int, rounds: int, waiting: int) -> dict[str, Any]:
     from bench import app
     from bench.stats import interleave, ratio
 
     none = _schema("rates_none_waiting", waiting=0)
-    many = _schema("rates_many_waiting", waiting=WAITING)
+    many = _schema("rates_many_waiting", waiting=waiting)
     ms = interleave([_workload(none, claims=claims), _workload(many, claims=claims)], repeat=rounds)
     for schema in (none, many):
         app.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    return {"ms_per_claim": {"none_waiting": ms[none], f"{WAITING}_waiting_for_a_turn": ms[many]},
+    return {"ms_per_claim": {"none_waiting": ms[none], f"{waiting}_waiting_for_a_turn": ms[many]},
             "waiting_over_none": ratio(ms[many], ms[none]) | {"target": "<= 1.2"},
-            "params": {"claims_per_round": claims, "rounds": rounds, "waiting": WAITING,
+            "params": {"claims_per_round": claims, "rounds": rounds, "waiting": waiting,
                        "waiting_runs": "waiting, wake_at their turns (1 h + 200 ms apart), older than the due runs"}}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--db", default="dr_rates_bench")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the 60-run schedule")
+    parser.add_argument("--runs", type=int, default=RUNS, help="runs of the schedule, each round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the schedule")
+    parser.add_argument("--waiting", type=int, default=WAITING, help="runs waiting for a turn in the claim cost")
     parser.add_argument("--claims", type=int, default=300)
     parser.add_argument("--claim-rounds", type=int, default=9)
     parser.add_argument("--only", default="schedule,claim_cost")
@@ -155,18 +157,19 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for worker in workers:
                 worker.first_line()
-            rounds = [schedule_round(args.db, workers) for _ in range(args.rounds)]
+            rounds = [schedule_round(args.runs) for _ in range(args.rounds)]
         finally:
             app.stop_all(workers)
         over = [r["over_ideal"] for r in rounds]
         figures["schedule"] = {
-            "runs": RUNS, "rate": "5/s", "workers": "3 x --loop --concurrency 4", "ideal_seconds": IDEAL_SECONDS,
+            "runs": args.runs, "rate": f"{RATE}/s", "workers": "3 x --loop --concurrency 4",
+            "ideal_seconds": args.runs / RATE,
             "margin_seconds": conf.rate_margin().total_seconds(),
             "over_ideal": {"median": statistics.median(over), "max": max(over), "target": "<= 1.3"},
             "most_calls_in_any_1s": max(r["most_calls_in_1s"] for r in rounds), "rounds": rounds,
         }
     if "claim_cost" in only:
-        figures["claim_cost"] = claim_cost_figure(claims=args.claims, rounds=args.claim_rounds)
+        figures["claim_cost"] = claim_cost_figure(claims=args.claims, rounds=args.claim_rounds, waiting=args.waiting)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2, default=str) + "\n")
     print(json.dumps(figures, indent=2, default=str))
