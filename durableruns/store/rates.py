@@ -49,8 +49,8 @@ def take_turn(lease: Lease, *, step: str, key: str, rate: Rate, clock: Clock = D
     with transaction.atomic(using=database, durable=True):
         fence(lease, clock)  # the run's row first, as every write: a stale epoch writes nothing
         connection = connections[database]
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # a statement of its own: each read below takes its snapshot after
+            with connection.cursor() as cursor:  # the lock, so it sees the turn the last holder committed
                 cursor.execute(_LOCK_BUCKET, [_bucket(step, key)])
         now = clock.now()  # after the lock: later than every start the log holds
         margin = conf.rate_margin()
