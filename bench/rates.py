@@ -111,6 +111,34 @@ def _workload(schema: str, *, claims: int) -> Any:
     return Workload(name=schema, run=work, ops=claims, setup=setup)
 
 
+def _buffers(schema: str, *, claims: int = 20) -> dict[str, Any]:
+    """The claim as the engine sends it, on `schema`, run `claims` times under EXPLAIN (ANALYZE, BUFFERS), each
+    taking a due run: the buffers each touched (shared hit + read), a count the machine's load does not move."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from bench import app
+    from durableruns import store
+
+    _workload(schema, claims=claims + 1).setup()  # one for the claim captured, the rest explained
+    with CaptureQueriesContext(connection) as captured:
+        store.claim(owner="bench-explain", lease_seconds=30)
+    statement = captured.captured_queries[-1]["sql"]
+    planning, _, claim = statement.partition(";\n")  # the claim's planner settings, then the claim
+    prefix = f"{planning};\n" if claim else ""
+    buffers = []
+    with connection.cursor() as cursor:
+        for _ in range(claims):
+            cursor.execute(f"{prefix}EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim or planning}")
+            if prefix:
+                cursor.nextset()
+            top = cursor.fetchone()[0]
+            top = (json.loads(top) if isinstance(top, str) else top)[0]["Plan"]
+            buffers.append(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
+    app.execute("SET search_path TO DEFAULT")
+    return {"buffers_per_claim_median": statistics.median(buffers), "buffers_per_claim_max": max(buffers)}
+
+
 def claim_cost_figure(*, claims: int, rounds: int, waiting: int) -> dict[str, Any]:
     from bench import app
     from bench.stats import interleave, ratio
@@ -118,10 +146,12 @@ def claim_cost_figure(*, claims: int, rounds: int, waiting: int) -> dict[str, An
     none = _schema("rates_none_waiting", waiting=0)
     many = _schema("rates_many_waiting", waiting=waiting)
     ms = interleave([_workload(none, claims=claims), _workload(many, claims=claims)], repeat=rounds)
+    buffers = {"none_waiting": _buffers(none), f"{waiting}_waiting_for_a_turn": _buffers(many)}
     for schema in (none, many):
         app.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     return {"ms_per_claim": {"none_waiting": ms[none], f"{waiting}_waiting_for_a_turn": ms[many]},
             "waiting_over_none": ratio(ms[many], ms[none]) | {"target": "<= 1.2"},
+            "explained": buffers,
             "params": {"claims_per_round": claims, "rounds": rounds, "waiting": waiting,
                        "waiting_runs": "waiting, wake_at their turns (1 h + 200 ms apart), older than the due runs"}}
 
