@@ -154,3 +154,12 @@ parent_fan.join("children")
 @parent_fan.step(policy="re_executable")
 def count_children(ctx: Any) -> dict[str, Any]:
     return {"completed": sum(c["status"] == "completed" for c in ctx.results["children"].values())}
+
+# Rate limits (bench/rates.py): one step of at most 5 starts a second, one bucket for the step; its result is the
+# worker's wall clock as it ran (the "far system's" clock: every worker is on this one host).
+rated = Workflow("bench_rated")
+
+
+@rated.step(policy="re_executable", rate="5/s")
+def rated_call(ctx: Any) -> dict[str, Any]:
+    return {"at": time.time()}

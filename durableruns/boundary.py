@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Any
 
+from durableruns.rates import waiting_reason
+
 
 class Zone(enum.StrEnum):
     """Where a step of the plan stands on the boundary."""
@@ -60,6 +62,9 @@ class Boundary:
     plan_known: bool = True
     # Wait steps (durableruns.waits) begun and not over, by name -> kind: waiting, not in doubt (nothing acted).
     waiting: Mapping[str, str] = field(default_factory=dict)
+    # Steps whose next attempt waits for its turn under the step's rate limit (durableruns.rates), by name ->
+    # (key, the moment the turn comes).
+    turns: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
 
     def zone(self, step: str) -> Zone:
         """Return the zone of one step of the plan."""
@@ -87,12 +92,14 @@ def compute_boundary(
     *,
     given_back: Collection[str] = (),
     waits: Mapping[str, str] | None = None,
+    turns: Mapping[str, tuple[str, datetime]] | None = None,
 ) -> Boundary:
     """Partition `plan` by the latest attempt of each step; attempts of steps not in the plan are ignored.
 
     `given_back` names acquisitions whose hold the run gave back (durableruns.holdings.given_back) while it goes
     on: completed, but not done, since what they acquired is gone; they remain, to be acquired again. `waits`
-    names the plan's wait steps (name -> kind): a begun one is waiting, not in doubt."""
+    names the plan's wait steps (name -> kind): a begun one is waiting, not in doubt. `turns`: the turns the
+    run waits for under rate limits (step -> (key, time)); those of steps done or in doubt are left out."""
     waits = waits or {}
     latest: dict[str, StepAttempt] = {}
     for a in attempts:
@@ -126,6 +133,7 @@ def compute_boundary(
         remainder=remainder,
         latest={s: latest[s] for s in plan if s in latest},
         waiting=waiting,
+        turns={s: t for s, t in (turns or {}).items() if s in remainder and s not in in_doubt},
     )
 
 
@@ -146,6 +154,9 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
     for step, kind in b.waiting.items():  # a run that ended meanwhile (cancelled) waits no more
         ended = b.status in ("completed", "failed", "cancelled")
         parts.append(f"{step} stopped waiting" if ended else _waiting(step, kind, b.latest[step], tz))
+    if b.status in (None, "waiting"):  # a turn is waited for only while the run waits
+        for step, (key, until) in b.turns.items():
+            parts.append(waiting_reason(step, key, until.astimezone(tz) if tz else until))
     if b.plan_known:
         parts.append(f"{_count(len(b.remainder))} remaining")
     else:

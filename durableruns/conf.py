@@ -59,6 +59,18 @@ def lookup_retry() -> timedelta:
     return timedelta(seconds=float(getattr(settings, "DURABLERUNS_LOOKUP_RETRY_SECONDS", 5.0)))
 
 
+def rate_margin() -> timedelta:
+    """How much longer than its window a step's rate limit keeps a start counted (durableruns.rates):
+    DURABLERUNS_RATE_MARGIN_SECONDS, 0.1 by default. The limit counts starts on the database's clock; the far system
+    sees each call a little after its start (the intent's commit, the network), by an amount that varies from call
+    to call. The margin absorbs that variation, so the far system's own windows hold no more than N either; at the
+    cost of the margin once a window (5/s becomes 5 every 1.1 s at the most)."""
+    margin = float(getattr(settings, "DURABLERUNS_RATE_MARGIN_SECONDS", 0.1))
+    if margin < 0:
+        raise ImproperlyConfigured(f"DURABLERUNS_RATE_MARGIN_SECONDS must be zero or more, not {margin!r}")
+    return timedelta(seconds=margin)
+
+
 def max_lookup_errors() -> int:
     """How many times in a row the lookup of one in-doubt attempt may raise (or answer neither a dict nor None)
     before the run stops for staff with its last error; DURABLERUNS_MAX_LOOKUP_ERRORS, 120 by default (ten

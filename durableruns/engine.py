@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
-from durableruns import children, conf, plans, releasing, signals, store, testing, waiting, waits
+from durableruns import children, conf, plans, releasing, signals, store, testing, turns, waiting, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
@@ -323,6 +323,8 @@ class Engine:
             lease = state.lease
             # A step with when= records its intent whatever it declares: the intent records the answer, once.
             intends = step.intent or step.when is not None
+            if step.rate is not None and not recorded:  # each attempt that starts takes a turn (durableruns.turns)
+                turns.take_turn(self, state, step, index, intent.attempt)
             if intends and not recorded:
                 testing.reached("before_intent", step.name)
                 store.record_intent(lease, intent, clock=self.clock)  # commit 1: before the step acts
@@ -458,7 +460,8 @@ class Engine:
         if index + 1 >= len(plan):
             return None
         nxt = plan[index + 1]
-        if not nxt.intent or nxt.name in state.boundary.latest or nxt.wait is not None or nxt.when is not None:
+        if (not nxt.intent or nxt.name in state.boundary.latest or nxt.wait is not None or nxt.when is not None
+                or nxt.rate is not None):  # a rate-limited step takes its turn before its intent
             return None
         return self._fresh_intent(state, nxt, index + 1, attempt=1)
 

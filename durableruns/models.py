@@ -438,3 +438,27 @@ class ScheduleState(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class RateTurn(models.Model):
+    """One entry of a step's rate-limit log (durableruns.rates): per (step, key), each start of an attempt at the
+    database's time it was taken (`started`), and each turn given to a run waiting for one (a reservation, which
+    becomes its start). Entries older than the step's window are deleted as turns are taken."""
+
+    step = models.CharField(max_length=200)
+    key = models.CharField(max_length=200, blank=True, default="")
+    at = models.DateTimeField(help_text="The start, or the moment a waiting run's turn comes.")
+    run_id = models.CharField(max_length=200)
+    started = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "run_rate_turn"
+        verbose_name = "rate-limit turn"
+        ordering = ["step", "key", "at"]
+        indexes = [
+            models.Index(fields=["step", "key", "at"], name="run_rate_turn_bucket_idx"),
+            models.Index(fields=["run_id", "step"], name="run_rate_turn_run_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step}[{self.key}]@{self.at:%H:%M:%S.%f}"

@@ -19,6 +19,7 @@ from durableruns.models import Escalation, RunState, RunStatus, RunStep
 from durableruns.passes import step_timeout
 from durableruns.plans import Plan, lacking
 from durableruns.policies import Policy
+from durableruns.rates import WAITING_FOR_TURN
 from durableruns.registry import Step, get_workflow, workflows
 from durableruns.waits import KINDS
 
@@ -44,7 +45,9 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
         return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
     recorded = run_plan(run)
     waits = recorded.waits if recorded is not None else {}
-    return replace(compute_boundary(plan, attempts, waits=waits), status=run.status)
+    waits_for_turn = run.status == RunStatus.WAITING and run.reason.startswith(WAITING_FOR_TURN)
+    turns = store.waiting_turns(run.run_id) if waits_for_turn else None  # no query for any other run
+    return replace(compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status)
 
 
 def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:

@@ -18,6 +18,7 @@ from durableruns.errors import DeclarationError, InvalidInput, Rejected, Unknown
 from durableruns.holdings import Acquisition, release_step
 from durableruns.plans import Plan, PlanSteps, fingerprint_of
 from durableruns.policies import Policy
+from durableruns.rates import Rate, parse_rate
 from durableruns.waits import Kind, OnChildFailure, OnReject, OnTimeout, Wait
 
 if TYPE_CHECKING:
@@ -57,6 +58,10 @@ class Step:
     released_by: str = ""
     # Its intent commit waits for a synchronous standby (DURABLERUNS_STANDBY_INTENTS), as an escalate step's does.
     wait_for_standby: bool = False
+    # At most rate.limit attempts per key start in any window of rate.window (durableruns.rates); the key is
+    # asked of `rate_key` once per attempt (None: one bucket for the step).
+    rate: Rate | None = None
+    rate_key: Callable[[StepContext], Any] | None = None
 
     @property
     def waits_for_standby(self) -> bool:
@@ -175,6 +180,8 @@ class Workflow:
         released_by: str = "",
         wait_for_standby: bool = False,
         when: WhenFn | None = None,
+        rate: str | None = None,
+        rate_key: Callable[[StepContext], Any] | None = None,
     ) -> Callable[[StepFn], StepFn]:
         """Declare the decorated function as the next step; `policy` is required, there is no default.
 
@@ -185,7 +192,9 @@ class Workflow:
         `wait_for_standby=True`: with DURABLERUNS_STANDBY_INTENTS set, the step's intent commit waits for a
         synchronous standby, as an escalate step's always does (for a step whose effect has no key to absorb a
         second call). `when=`, a function of ctx asked once when the run reaches the step: False records the
-        step skipped (its result None).
+        step skipped (its result None). `rate="N/s" | "N/m" | "N/h"`: across every worker and host, at most N
+        attempts of the step start in any window of that length (per key, with `rate_key=`, a function of ctx
+        asked once per attempt); a run over the limit waits for its turn holding nothing (durableruns.rates).
         """
         try:
             chosen = Policy(policy)
@@ -206,6 +215,9 @@ class Workflow:
         if hold_expires_after is not None and hold_expires_after <= timedelta(0):
             raise DeclarationError(f"{self.name}: hold_expires_after must be positive")
         _check_when(self.name, when)
+        limit = None if rate is None else parse_rate(rate, where=self.name)
+        if rate_key is not None and (limit is None or not callable(rate_key)):
+            raise DeclarationError(f"{self.name}: rate_key= must be a function of ctx, with a rate= to count under")
 
         def register(fn: StepFn) -> StepFn:
             name = fn.__name__
@@ -245,6 +257,8 @@ class Workflow:
                 released_by=released_by,
                 wait_for_standby=wait_for_standby,
                 when=when,
+                rate=limit,
+                rate_key=rate_key,
             )
             self._add(step)
             return fn
@@ -457,8 +471,8 @@ def first_steps() -> FirstSteps:
 
 def _intent_first(step: Step) -> bool:
     """Whether a fresh run's first intent may ride on its claim: a step that acts at once (not one that waits,
-    nor one whose `when=` must be asked first)."""
-    return step.intent and step.wait is None and step.when is None
+    nor one whose `when=` must be asked first, nor one that takes a turn under its rate limit first)."""
+    return step.intent and step.wait is None and step.when is None and step.rate is None
 
 
 def _wait_name(workflow: str, name: str) -> str:

@@ -604,3 +604,34 @@ guardian.wait_for("hold", event="released", when=lambda ctx: ctx.input["end"] ==
 @guardian.step(policy="re_executable")
 def close_order(ctx: Any) -> dict[str, Any]:
     return {"closed": True}
+
+
+# Rate limits (tests/integration/test_rates.py): a booking at the carrier, which does not deduplicate, so a second
+# call under one run shows in its ledger; the ledger's created_at is the carrier's own clock. At most TEST_RATE
+# bookings per carrier (the key) start in any window, across every worker; a lost reply is settled by lookup.
+rated = Workflow("rated")
+
+
+@rated.step(policy="resolvable", lookup=find_shipment, lookup_lag=timedelta(0), timeout=timedelta(seconds=1),
+            rate=os.environ.get("TEST_RATE", "5/s"), rate_key=lambda ctx: ctx.input.get("carrier", "dhl"))
+def book_rated(ctx: Any) -> dict[str, Any]:
+    if ctx.input.get("unanswered_first") and ctx.attempt == 1:
+        raise TimeoutError("the carrier did not answer")  # before the call: its lookup finds nothing
+    result = systems().carrier.book(key=ctx.effect_key, address="1 Rate Street", parcels=[{"kg": 1}])
+    testing.reached("after_effect", "book_rated")
+    time.sleep(float(ctx.input.get("hold", 0)))
+    return result
+
+
+@rated.step(policy="re_executable")
+def after_booking(ctx: Any) -> dict[str, Any]:
+    return {"booked": ctx.results["book_rated"]["shipment_id"]}
+
+
+# One bucket for the step (no rate_key), 2 a minute: a third run waits for its turn.
+rated_plain = Workflow("rated_plain")
+
+
+@rated_plain.step(policy="re_executable", rate="2/m")
+def plain_call(ctx: Any) -> dict[str, Any]:
+    return {"n": ctx.input.get("n")}

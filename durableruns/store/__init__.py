@@ -17,6 +17,7 @@ public names. One module a concept, each below the ones that use it:
     attempts     record_intent, record_result, record_failure, checkpoint, record_raised
     waits        wait, complete_wait, now_and_oldest_event, record_event, record_approval, APPROVAL_ACTIONS
     staff        open_escalation, record_decision, record_staff_action (a cancel with its descendants), adopt_plan
+    rates        take_turn, turn_of, waiting_turns: a step's rate limit (its turn, or the time it waits for)
     schedules    schedule_marks, start_slots
     marks        alert marks, a worker's presence, measuring's scratch runs, delete_runs (retention)
 
@@ -41,6 +42,7 @@ from durableruns.store.marks import (
     take_run_alert_mark,
 )
 from durableruns.store.plans import forget_plans, plan_of, record_plan
+from durableruns.store.rates import take_turn, turn_of, waiting_turns
 from durableruns.store.runs import (
     begin_ending,
     create_run,
@@ -115,9 +117,12 @@ __all__ = [
     "start_child",
     "start_slots",
     "storable",
+    "take_turn",
     "take_alert_mark",
     "take_run_alert_mark",
     "to_json",
+    "turn_of",
     "wait",
+    "waiting_turns",
     "wake_workers",
 ]
