@@ -5,6 +5,7 @@ and 1.2 x targets are for the published sizes, in bench/results/rates.json)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -23,7 +24,9 @@ def test_the_rates_bench_runs_the_schedule_and_the_claim_cost(tmp_path):
     out = tmp_path / "rates.json"
     command = [sys.executable, "-m", "bench.rates", "--db", DB, "--runs", "15", "--rounds", "1", "--claims", "20",
                "--claim-rounds", "1", "--waiting", "500", "--out", str(out)]
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # The workers' margin widened as in tests/integration/test_rates.py (a loaded 2-core machine).
+    env = {**os.environ, "DURABLERUNS_RATE_MARGIN_SECONDS": "0.3"}
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     data = json.loads(out.read_text())
     (round_,) = data["schedule"]["rounds"]

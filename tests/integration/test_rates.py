@@ -121,6 +121,20 @@ def _most_in_a_window(times: list[float], window: float = 1.0) -> int:
     return max(sum(1 for u in times if t <= u < t + window) for t in times)
 
 
+# The workers' DURABLERUNS_RATE_MARGIN_SECONDS: the default (0.1 s) absorbs the variation of the time from a turn to
+# its call on a quiet host; on a loaded 2-core machine that variation has passed 0.1 s (6 calls in one carrier
+# second, seen), so the workers here count each start a little longer. The promise itself, on the database's
+# clock, is asserted with no margin at all (_most_turns_in_a_window).
+MARGIN = {"DURABLERUNS_RATE_MARGIN_SECONDS": "0.3"}
+
+
+def _most_turns_in_a_window(runs: list[str]) -> int:
+    """The most recorded starts of the runs' bookings (the database's clock) inside any 1 s window."""
+    starts = sorted(at.timestamp() for at in RateTurn.objects.filter(run_id__in=runs, step="book_rated",
+                                                                        started=True).values_list("at", flat=True))
+    return _most_in_a_window(starts)
+
+
 def _all_complete(runs: list[str], timeout: float) -> None:
     wait_until(lambda: RunState.objects.filter(pk__in=runs, status=RunStatus.COMPLETED).count() == len(runs),
                timeout=timeout, every=0.2, what=f"{len(runs)} runs to complete")
@@ -132,10 +146,11 @@ def test_three_workers_keep_five_a_second_by_the_carriers_clock(workers, far):
     5 bookings, every run completes, and none books twice. (How close it comes to the ideal 12 s: bench/rates.py.)"""
     runs = [durableruns.start("rated", {"carrier": "dhl"}) for _ in range(60)]
     for name in ("w1", "w2", "w3"):
-        workers.start("--loop", "--concurrency", "4", "--interval", "0.5", "--worker", name)
+        workers.start("--loop", "--concurrency", "4", "--interval", "0.5", "--worker", name, **MARGIN)
     _all_complete(runs, timeout=90)
     times = _bookings(far, runs)
     assert _most_in_a_window(times) == 5  # the limit was reached, never passed
+    assert _most_turns_in_a_window(runs) <= 5
     assert times[-1] - times[0] >= 11  # 60 at 5 a second: the 56th cannot start before 11 s after the first
 
 
@@ -145,7 +160,8 @@ def test_a_worker_killed_mid_way_leaves_the_limit_kept_and_every_run_booked_once
     booking in hand: that run is taken over once its lease runs out (a booking made is found by its lookup and
     completes, taking no second turn; one not made runs again, under a turn of its own), and the limit holds."""
     runs = [durableruns.start("rated", {"carrier": "dhl", "hold": 0.05}) for _ in range(60)]
-    procs = [workers.start("--loop", "--concurrency", "4", "--interval", "0.5", "--lease", "2", "--worker", name)
+    procs = [workers.start("--loop", "--concurrency", "4", "--interval", "0.5", "--lease", "2", "--worker", name,
+                           **MARGIN)
              for name in ("w1", "w2", "w3")]
     in_hand = RunStep.objects.filter(step="book_rated", status="started", owner__startswith="w1#")
     wait_until(lambda: far.carrier.count() >= 20 and in_hand.exists(), timeout=60, every=0.005,
@@ -157,7 +173,7 @@ def test_a_worker_killed_mid_way_leaves_the_limit_kept_and_every_run_booked_once
     assert orphans
     _all_complete(runs, timeout=120)
     times = _bookings(far, runs)  # each run booked once, the orphans too
-    assert _most_in_a_window(times) <= 5
+    assert _most_in_a_window(times) <= 5 and _most_turns_in_a_window(runs) <= 5
     settled = RunStep.objects.filter(run_id__in=orphans, step="book_rated", resolution="lookup").count()
     print(f"killed mid-way: {len(orphans)} booking(s) in w1's hands, {settled} settled by lookup")
 
@@ -171,11 +187,12 @@ def test_two_keys_progress_side_by_side(workers, far):
         for carrier, ids in runs.items():
             ids.append(durableruns.start("rated", {"carrier": carrier}))
     for name in ("w1", "w2", "w3"):
-        workers.start("--loop", "--concurrency", "4", "--interval", "0.5", "--worker", name)
+        workers.start("--loop", "--concurrency", "4", "--interval", "0.5", "--worker", name, **MARGIN)
     _all_complete(runs["dhl"] + runs["ups"], timeout=90)
     times = {carrier: _bookings(far, ids) for carrier, ids in runs.items()}
     for carrier, booked in times.items():
         assert _most_in_a_window(booked) == 5, carrier
+        assert _most_turns_in_a_window(runs[carrier]) <= 5, carrier
     assert _most_in_a_window(sorted(times["dhl"] + times["ups"])) > 5  # side by side
     # Each carrier's span overlaps the other's nearly whole: neither waited for the other to finish.
     overlap = min(times["dhl"][-1], times["ups"][-1]) - max(times["dhl"][0], times["ups"][0])
