@@ -296,6 +296,7 @@ def result_of(run_id: str) -> TaskResult:
     attempts = list(RunStep.objects.of_run(run_id).filter(step="run_task"))
     found = task_at(run.input.get("task"))
     alias = run.input.get("backend")
+    task: Task
     if found is None or not is_ours(alias):
         # Not a task of this site's backend (a record enqueue did not write, or a task since removed): its path
         # is not imported further and nothing of it is called. The result still says what the record holds,
