@@ -2,8 +2,8 @@
 the code's own docstrings (autodoc).
 
 Build: .venv/bin/python -m sphinx -W --keep-going -b html docs var/docs-html (bin/test does, warnings as errors).
-Autodoc imports the app, so Django is set up first with the demo site's settings (project/settings.py, SQLite
-unless DATABASE_URL says otherwise; nothing connects to a database while the pages are built).
+Autodoc imports the app, so Django is set up first, with settings of the docs' own (docs/_ext/docs_settings.py:
+the app and what it builds on, not the demo site's), so the `docs` extra alone builds it: pip install -e '.[docs]'.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path[:0] = [str(ROOT), str(DOCS / "_ext")]
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+os.environ["DJANGO_SETTINGS_MODULE"] = "docs_settings"
 
 import django  # noqa: E402
 

@@ -10,7 +10,6 @@ from django.conf import settings
 from django.core.checks import register
 from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate
-from django.utils.module_loading import autodiscover_modules
 
 
 class DurableRunsConfig(AppConfig):
@@ -22,6 +21,7 @@ class DurableRunsConfig(AppConfig):
         from durableruns import (
             checks,  # registers the checks
             connections,
+            discovery,
             sqlite,
             testing,
         )
@@ -33,10 +33,9 @@ class DurableRunsConfig(AppConfig):
         # A flush empties the tables and emits post_migrate: the plans this process knew recorded are gone.
         post_migrate.connect(_forget_plans, dispatch_uid="durableruns.store.forget_plans")
 
-        autodiscover_modules("workflows")
-        # Workflows that live outside an installed app (a script's, a test suite's) are named in settings.
-        for module in getattr(settings, "DURABLERUNS_WORKFLOW_MODULES", ()):
-            import_module(module)
+        # Each app's workflows.py, then what lives outside an installed app (a script's, a test suite's), named in
+        # settings; a DeclarationError is recorded for system check E030, not raised (durableruns.discovery).
+        discovery.discover()
         # A site whose TASKS use durableruns: its workers need the workflow that task runs follow.
         if any(
             params.get("BACKEND") == "durableruns.tasks.DurableRunsBackend"

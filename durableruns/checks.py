@@ -14,7 +14,7 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, models, router
 
 from durableruns.policies import Policy
-from durableruns.registry import startable_workflows, workflows
+from durableruns.registry import not_loaded, startable_workflows, workflows
 
 TAG = "durableruns"
 
@@ -68,6 +68,27 @@ def _names_too_long() -> list[checks.CheckMessage]:
                     messages.append(checks.Error(
                         f"{name}.{each[:40]}... is recorded under a {len(each)}-character step name",
                         hint=f"The record stores at most {step_limit}: rename the step.", id="durableruns.E005"))
+    return messages
+
+
+@checks.register(TAG)
+def check_discovery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every module of workflows loaded (E030), and no workflows.py sits where none is imported (W005)."""
+    from durableruns import discovery
+
+    messages: list[checks.CheckMessage] = [
+        checks.Error(f"{module} did not load: {message}",
+                     hint="Its workflows are not registered, and no worker runs them: correct the declaration "
+                          "(durableruns.errors.DeclarationError says what is wrong).",
+                     id="durableruns.E030")
+        for module, message in sorted(not_loaded().items())]
+    messages += [
+        checks.Warning(f"{path} is never imported: {package} is not an installed app",
+                       hint=f"Move it into an app of INSTALLED_APPS (python manage.py startapp, then add the app), "
+                            f"add {package!r} to INSTALLED_APPS if it is an app, or name {package}.workflows in "
+                            f"DURABLERUNS_WORKFLOW_MODULES.",
+                       id="durableruns.W005")
+        for package, path in discovery.stray_workflows()]
     return messages
 
 

@@ -145,11 +145,12 @@ class Engine:
         return self._settled(state, lambda: self._drive(state))
 
     def _settled(self, state: Pass, go: Callable[[], RunOutcome]) -> RunOutcome:
-        """Run the pass `go`; its outcome, whether it returned, stopped (Stop), or found itself fenced out."""
+        """Run the pass `go`; its outcome, whether it returned, stopped (Stop), or found itself fenced out, with
+        the steps this pass ran (those that raised too), however the outcome was made."""
         try:
-            return go()
+            outcome = go()
         except Stop as stop:
-            return stop.outcome
+            outcome = stop.outcome
         except FencedOut as exc:
             lease = state.lease
             log.warning("run %s: fenced out: %s", lease.run_id, exc)
@@ -160,6 +161,7 @@ class Engine:
             return RunOutcome(run_id=lease.run_id, status="fenced_out",
                               detail=f"another worker took the run (epoch {lease.epoch} is stale); wrote nothing more",
                               steps_run=state.steps_run)
+        return replace(outcome, steps_run=state.steps_run) if outcome.steps_run != state.steps_run else outcome
 
     # -- the pass ----------------------------------------------------------------------------------------
 
@@ -193,7 +195,8 @@ class Engine:
         if not state.finished:
             store.release(state.lease, status=RunStatus.COMPLETED, clock=self.clock)
         return RunOutcome(run_id=state.run_id, status=RunStatus.COMPLETED,
-                          detail=f"all {len(plan)} steps complete", steps_run=state.steps_run)
+                          detail=f"all {len(plan)} steps complete" if len(plan) != 1 else "its 1 step complete",
+                          steps_run=state.steps_run)
 
     def _first_move(self, state: Pass, step: Step, index: int, latest: StepAttempt | None
                     ) -> tuple[Intent | None, bool]:
@@ -335,6 +338,7 @@ class Engine:
             except (FencedOut, EffectInTransaction):
                 raise
             except Exception as exc:  # users' code: classify, never retry blindly
+                state.steps_run += 1  # it ran, and raised: counted as run (the pass's summary, the metric)
                 follow = self._after_error(state, step, index, intent, recorded, exc)
                 if follow is None:
                     return None

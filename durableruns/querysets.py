@@ -25,6 +25,10 @@ class RunStateQuerySet(models.QuerySet):
         """Runs a worker may take when asked for by id: active and not held under a live lease, wake time or not."""
         return self.filter(status__in=self.ACTIVE).exclude(status="running", lease_expires_at__gte=now)
 
+    def leased(self, now: datetime) -> RunStateQuerySet:
+        """Runs held under a live lease: a worker has them (or had, and was killed: free again when it runs out)."""
+        return self.filter(status="running", lease_expires_at__gte=now)
+
     def claimable(self, now: datetime, *, queues: tuple[str, ...] = ()) -> RunStateQuerySet:
         """Due runs (on `queues`, if given) in the claim's order, locked for the caller and skipped if another
         worker holds the lock."""

@@ -419,8 +419,7 @@ def get_workflow(name: str) -> Workflow:
     try:
         return _registry[name]
     except KeyError:
-        known = ", ".join(sorted(_registry)) or "none"
-        raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {known})", workflow=name) from None
+        raise UnknownWorkflow(_unknown(name, _registry), workflow=name) from None
 
 
 def workflows() -> dict[str, Workflow]:
@@ -443,8 +442,38 @@ def startable(workflow: Workflow | str, *, internal: Workflow | None = None) -> 
     found = _registry.get(name) if isinstance(name, str) else None
     if found is not None and (not found.internal or (internal is not None and internal is found)):
         return found
-    known = ", ".join(sorted(startable_workflows())) or "none"
-    raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {known})", workflow=name)
+    raise UnknownWorkflow(_unknown(name, startable_workflows()), workflow=name)
+
+
+# Modules of workflows that raised DeclarationError at import (module -> message): durableruns.discovery records
+# them, system check E030 reports them, and an unknown workflow's message names them.
+_not_loaded: dict[str, str] = {}
+
+
+def record_not_loaded(module: str, message: str) -> None:
+    """Record that `module` did not load, and forget what it declared before its error: nothing half declared runs."""
+    _not_loaded[module] = message
+    for name in [name for name, workflow in _registry.items() if workflow.module == module]:
+        del _registry[name]
+    _declared()
+
+
+def not_loaded() -> dict[str, str]:
+    """Module -> the DeclarationError that stopped it loading, for each module of workflows that did not load."""
+    return dict(_not_loaded)
+
+
+def _unknown(name: object, known: dict[str, Workflow]) -> str:
+    """UnknownWorkflow's message: the names known, and when that may be why, what did not load or where to look."""
+    message = f"no workflow named {name!r} is registered (known: {', '.join(sorted(known)) or 'none'})"
+    if _not_loaded:
+        failed = "; ".join(f"{module} did not load: {why}" for module, why in sorted(_not_loaded.items()))
+        return f"{message}. {failed} (manage.py check reports it: durableruns.E030)"
+    if not known:
+        return (f"{message}. No workflows.py declared one: it must be a module of an app in INSTALLED_APPS (not "
+                f"of the project package beside settings.py; manage.py check warns of one outside, "
+                f"durableruns.W005), or be named in DURABLERUNS_WORKFLOW_MODULES")
+    return message
 
 
 _limits: tuple[int, dict[str, int]] = (-1, {})

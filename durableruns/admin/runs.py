@@ -39,6 +39,7 @@ from durableruns.admin.display import (
     row_boundary,
     run_url,
     status_badge,
+    summarize,
     zone_badge,
     zone_detail,
 )
@@ -52,6 +53,9 @@ from durableruns.models import (
     RunStep,
 )
 from durableruns.querysets import RunStateQuerySet
+
+# A run's input longer than this many lines (as indented JSON) is folded on its page, as the results are.
+INPUT_SHOWN_LINES = 20
 
 
 class PlanFilter(admin.SimpleListFilter):
@@ -251,7 +255,13 @@ class RunStateAdmin(ReadOnlyRecord):
 
     @admin.display(description="input")
     def input_json(self, run: RunState) -> SafeString:
-        return format_html('<pre class="dr-json">{}</pre>', pretty_json(run.input))
+        """The input, shown whole when short; a long one folded as the results are, its summary on the fold."""
+        shown = pretty_json(run.input)
+        lines = shown.count("\n") + 1
+        if lines <= INPUT_SHOWN_LINES:
+            return format_html('<pre class="dr-json">{}</pre>', shown)
+        return format_html('<details class="dr-input"><summary>{} ({} lines)</summary><pre class="dr-json">{}</pre>'
+                           '</details>', summarize(run.input), lines, shown)
 
     # -- the run page
 

@@ -11,7 +11,7 @@ _INDEX = ("CREATE UNIQUE INDEX {concurrently} IF NOT EXISTS run_intervention_one
           "(run_id, step, attempt) WHERE action IN ('approve', 'reject')")
 
 
-# The claim's two probes on run_state (pgsql._CLAIM), built CONCURRENTLY too: run_state is the busiest table.
+# The claim's two probes on run_state (durableruns.store.claims), built CONCURRENTLY too: run_state is the busiest table.
 _CLAIM_INDEXES = (
     "CREATE INDEX {concurrently} IF NOT EXISTS run_state_ready_idx ON run_state (priority DESC, created_at) "
     "WHERE status IN ('pending', 'running')",

@@ -4,7 +4,7 @@
   lock, no scan).
 - Two partial indexes of limited runs only (the running ones a claim counts, the parked ones let go in order),
   built CONCURRENTLY on PostgreSQL: run_state keeps taking writes while they are built.
-- On PostgreSQL, the functions and triggers the claim relies on (durableruns.pgsql, _CLAIMED_LIMITED):
+- On PostgreSQL, the functions and triggers the claim relies on (durableruns.store.claims, _CLAIMED_LIMITED):
   durableruns_admit(workflow, key, limit, run) admits a run under the (workflow, key) lock or refuses it;
   the trigger run_state_slot_freed lets the first parked run of a key go when a run of that key leaves running;
   the trigger run_state_ended notifies durableruns_ended with the run_id when a run ends (completed, failed,

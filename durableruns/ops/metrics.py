@@ -258,7 +258,7 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.steps = Counter(
-            "durableruns_worker_steps", "Steps this worker ran to a recorded result.", registry=self.registry
+            "durableruns_worker_steps", "Steps whose code this worker ran (returned or raised).", registry=self.registry
         )
         self.raised = Counter(
             "durableruns_worker_runs_raised",

@@ -182,6 +182,7 @@ class PassReport:
     claims: int = 0  # claims made, and how many of them found nothing due
     found_nothing: int = 0
     timetable_restarts: int = 0  # a --loop worker's timetable, started again after a look raised (logged)
+    leased: str = ""  # with nothing due, what holds the rest, e.g. "1 run leased until 14:07:12" (resume_runs)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count_claim(self, *, found: bool) -> None:
@@ -200,7 +201,9 @@ class PassReport:
         return counts
 
     def summary(self) -> str:
-        counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts().items())) or "nothing due"
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(self.counts().items())) or (
+            f"nothing due: {self.leased}" if self.leased else "nothing due"
+        )
         crashed = f", {len(self.crashed)} raised" if self.crashed else ""
         pickup = f"; {self.pickup}" if self.pickup else ""
         outlived = "".join(f"\n  outlived its timeout: {step}" for step in self.outlived)

@@ -35,6 +35,9 @@ LINES = 240
 QUOTE_KILL_AT = 100  # the demo kills the pricing worker once its loop checkpoint reaches this line
 CREDIT_LAG = 5  # the credit vendor's lookup lags this many seconds (a minute in the design source)
 COMPARED = 3  # orders crashed right after the portal accepted them, resumed the naive way and ours
+# What the demo's last act tells you to run to see the back office (tests/site/test_demo_site.py serves the admin's
+# CSS with it): the demo site's DEBUG is off, and runserver serves static files then only with --insecure.
+SERVE = ".venv/bin/python manage.py runserver --insecure"
 FAR_ENV = {
     "FAR_CREDIT_LOOKUP_LAG": str(CREDIT_LAG),
     "FAR_PORTAL_SEARCH_LAG": "5",
@@ -423,7 +426,9 @@ class Demo:
         self.say("9. Look around:")
         self.say(f"   .venv/bin/python manage.py show_run {self.ids[0]}      every attempt of one run")
         self.say("   .venv/bin/python manage.py createsuperuser            then:")
-        self.say("   .venv/bin/python manage.py runserver")
+        self.say(f"   {SERVE}")
+        self.say("   (--insecure: this site runs with DEBUG off, and runserver then serves the admin's CSS and scripts")
+        self.say("   only when told to; in production a web server serves what collectstatic gathers)")
         self.say("   http://127.0.0.1:8000/admin/durableruns/runstate/      the runs, their boundary, every attempt")
         self.say("   http://127.0.0.1:8000/admin/durableruns/escalation/    the escalation and approval queue")
         self.say("   http://127.0.0.1:8000/admin/durableruns/schedulestate/ the schedules, their next and last slot")

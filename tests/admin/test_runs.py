@@ -150,6 +150,20 @@ def test_the_run_page_shows_the_runs_queue_priority_and_concurrency_key(as_viewe
     assert all(f'<div class="readonly">{value}</div>' in page for value in ("bulk-queue", "7", "acme-buyer"))
 
 
+def test_a_long_input_is_folded_on_the_run_page_as_the_results_are_and_a_short_one_shown(as_viewer: Client):
+    lines = [{"sku": f"A-{n:03d}", "qty": n} for n in range(30)]
+    long_run = make_run(input={"reference": "PO-LONG", "lines": lines})
+    page = as_viewer.get(run_page(long_run)).content.decode()
+    folded = page.split('<details class="dr-input">', 1)
+    assert len(folded) == 2, "the long input is not folded"
+    summary = folded[1].split("</summary>", 1)[0]
+    assert "reference PO-LONG" in summary and "lines)" in summary
+    assert "&quot;A-029&quot;" in folded[1].split("</details>", 1)[0]  # all of it, inside the fold
+    short = make_run(input={"reference": "PO-SHORT"})
+    page = as_viewer.get(run_page(short)).content.decode()
+    assert '<details class="dr-input">' not in page and "PO-SHORT" in page
+
+
 def test_the_run_page_lists_failed_attempts_errors_and_staff_actions(as_operator: Client):
     run_id = failed("run-f")
     services.retry_run(run_id, by="bob", note="the vendor fixed the card")

@@ -14,7 +14,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from tests.conftest import ROOT, wait_until
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.install
 
@@ -79,42 +78,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from the sdist as an index would build it, with no setuptools warning about packages."""
-    out = tmp_path_factory.mktemp("dist")
-    built = subprocess.run(
-        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True, timeout=300
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    assert "absent from the `packages` configuration" not in built.stdout + built.stderr
-    [whl] = out.glob("durableruns-*.whl")
-    return whl
-
-
-@pytest.fixture(scope="module")
-def venvs(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
-    """Fresh virtualenvs (no system site-packages), each with the wheel and the extras named, from the index: one
-    per set of extras, made when a test first asks for it."""
-    made: dict[str, Path] = {}
-
-    def venv(extras: str) -> Path:
-        if extras not in made:
-            home = tmp_path_factory.mktemp("venv") / "venv"
-            subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=120)
-            installed = subprocess.run(
-                [str(home / "bin" / "pip"), "install", "--quiet", f"{wheel}{extras}"],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            assert installed.returncode == 0, installed.stderr
-            made[extras] = home
-        return made[extras]
-
-    yield venv
 
 
 def test_the_wheel_holds_the_app_only(wheel: Path):

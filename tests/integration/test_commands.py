@@ -131,3 +131,28 @@ def test_resume_runs_checks_every_durableruns_check_at_start():
     assert len(ours) >= 5, ours
     assert [check.__name__ for check in ours if "durableruns" not in check.tags] == []
     assert "durableruns" in Command.requires_system_checks
+
+
+def test_a_one_step_run_is_its_1_step_complete_and_a_step_that_raised_counts_as_run(monkeypatch):
+    monkeypatch.setenv("TEST_HOLD_SECONDS", "0")
+    one = make_run("heartbeat_probe")
+    out = resume()
+    assert f"{one}: completed - its 1 step complete" in out and "all 1 steps" not in out
+    assert "1 step(s) run" in out
+    refused = make_run("refused")
+    out = resume()
+    assert f"{refused}: failed" in out
+    assert "1 step(s) run" in out  # it ran, and raised: not "0 step(s) run"
+
+
+def test_nothing_due_while_a_killed_workers_lease_runs_says_until_when(workers):
+    """A worker killed inside a step leaves its lease running: the next pass finds nothing due, and says why."""
+    held = make_run("heartbeat_probe")
+    killed = workers.run("--once", "--lease", "600", DURABLERUNS_CRASH_AT="hold@after_return", TEST_HOLD_SECONDS="0")
+    assert killed.returncode == -9, killed.stderr
+    until = RunState.objects.get(pk=held).lease_expires_at
+    out = resume("--once")
+    from django.utils import timezone
+
+    assert f"nothing due: 1 run leased until {timezone.localtime(until):%H:%M:%S}" in out
+    assert "0 run(s) handled" in out

@@ -147,7 +147,7 @@ def test_a_worker_serves_its_own_counters_on_its_metrics_port(workers):
     )
     got = counted()
     assert got[("durableruns_worker_runs_total", (("status", "completed"),))] == 4
-    assert got[("durableruns_worker_steps_total", ())] == 12
+    assert got[("durableruns_worker_steps_total", ())] == 15  # 12 returned, and `first` raised 3 times
     assert got[("durableruns_worker_runs_raised_total", ())] == 0
     assert got[("durableruns_worker_attempts_failed_total", ())] == 3  # `first` refused, max_attempts=3
     assert got[("durableruns_worker_steps_in_doubt_total", ())] == 0

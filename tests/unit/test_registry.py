@@ -182,7 +182,8 @@ def test_a_subclass_of_workflow_is_declared_by_the_module_that_instantiates_it(m
 
 
 def test_django_refuses_to_start_when_two_modules_declare_one_workflow_name(tmp_path):
-    """The second declaration raises during AppConfig.ready (autodiscovery): manage.py stops, saying both."""
+    """The second declaration raises during AppConfig.ready (autodiscovery): manage.py check stops, saying both,
+    as a system check's error (E030), not a traceback."""
     (tmp_path / "unit_rival_purchasing.py").write_text(
         'from durableruns import Workflow\n\npurchase_order = Workflow("purchase_order")\n')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
@@ -191,8 +192,9 @@ def test_django_refuses_to_start_when_two_modules_declare_one_workflow_name(tmp_
     refused = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
                              text=True, timeout=120)
     assert refused.returncode != 0
-    assert ("DeclarationError: workflow 'purchase_order' is declared twice: in project.purchasing.workflows "
-            "and in unit_rival_purchasing") in refused.stderr
+    assert ("(durableruns.E030) unit_rival_purchasing did not load: workflow 'purchase_order' is declared twice: "
+            "in project.purchasing.workflows and in unit_rival_purchasing") in refused.stderr
+    assert "Traceback" not in refused.stderr
     fine = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env=dict(env, DURABLERUNS_WORKFLOW_MODULES="tests.faults.deploy_v2"))
     assert fine.returncode == 0, fine.stderr  # a deploy that replaces purchase_order on purpose still starts
@@ -253,3 +255,63 @@ def test_a_limit_records_its_key_as_a_string_and_defaults_to_one_per_key(monkeyp
     assert Workflow("limit_whole", concurrency=4).limit_key({"buyer": 7}) == ""
     keyed = Workflow("limit_keyed", concurrency_key=lambda input: input["buyer"])
     assert keyed.concurrency == 1 and keyed.limit_key({"buyer": 7}) == "7"
+
+
+def manage(tmp_path: Path, *args: str, modules: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
+               DJANGO_SETTINGS_MODULE="project.settings", DURABLERUNS_WORKFLOW_MODULES=modules,
+               DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_declaration_error_is_a_system_check_error_and_commands_stop_with_its_message(tmp_path):
+    """A workflows module that raises DeclarationError does not kill every command at import: check and
+    resume_runs stop with E030 naming the module and the message; a command that runs no checks still starts, and
+    starting the module's workflow says why it is unknown."""
+    (tmp_path / "unit_broken_flows.py").write_text(
+        'from durableruns import Workflow\n\nbroken = Workflow("unit_broken")\n\n\n'
+        '@broken.step(policy="resolvable")\ndef charge(ctx):\n    return {}\n')
+    said = "unit_broken_flows did not load: unit_broken: a resolvable step needs lookup=, a function of ctx"
+    for command in (["check"], ["resume_runs", "--once"]):
+        stopped = manage(tmp_path, *command, modules="unit_broken_flows")
+        assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+        assert f"(durableruns.E030) {said}" in stopped.stderr and "Traceback" not in stopped.stderr
+    shell = manage(tmp_path, "shell", "-c", "import durableruns\ntry:\n    durableruns.start('unit_broken', {})\n"
+                   "except durableruns.errors.UnknownWorkflow as exc:\n    print(exc)", modules="unit_broken_flows")
+    assert f"{said} (manage.py check reports it: durableruns.E030)" in shell.stdout, shell.stderr
+    fine = manage(tmp_path, "check", modules="")
+    assert fine.returncode == 0 and "E030" not in fine.stderr, fine.stderr
+
+
+def test_a_workflows_py_outside_an_installed_app_is_a_warning_naming_where_to_move_it(tmp_path, settings):
+    """startproject's package (beside settings.py) and an app made by startapp but not installed: their
+    workflows.py is never imported, and check says so (W005); the demo's own layout has none."""
+    from durableruns.checks import check_discovery
+
+    assert [m.id for m in check_discovery()] == []
+    for package, marker in (("unit_mysite", "settings.py"), ("unit_shop", "apps.py"), ("unit_notes", "")):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "workflows.py").write_text("")
+        if marker:
+            (tmp_path / package / marker).write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        settings.ROOT_URLCONF = "unit_mysite.urls"
+        messages = check_discovery()
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert [(m.id, m.msg) for m in messages] == [
+        ("durableruns.W005", f"{tmp_path / 'unit_mysite' / 'workflows.py'} is never imported: unit_mysite is not "
+                             f"an installed app"),
+        ("durableruns.W005", f"{tmp_path / 'unit_shop' / 'workflows.py'} is never imported: unit_shop is not an "
+                             f"installed app"),
+    ]  # unit_notes looks like no app: a folder of its own, not reported
+    assert "startapp" in messages[0].hint and "INSTALLED_APPS" in messages[0].hint
+
+
+def test_no_workflow_known_says_where_workflows_py_must_be():
+    message = registry._unknown("fulfil", {})
+    assert message.startswith("no workflow named 'fulfil' is registered (known: none). No workflows.py declared one")
+    assert "INSTALLED_APPS" in message and "durableruns.W005" in message

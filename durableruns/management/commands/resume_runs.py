@@ -10,12 +10,26 @@ from typing import Any
 from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, InterfaceError, OperationalError
+from django.utils import timezone
 
 from durableruns import checks, conf, connections, services
-from durableruns.clock import host_skew, on_postgresql
+from durableruns.clock import Clock, host_skew, on_postgresql
+from durableruns.models import RunState
 from durableruns.ops import metrics, replication
 from durableruns.passes import RunOutcome
 from durableruns.worker.pool import Stopping, Waker
+
+
+def _leased() -> str:
+    """With nothing due, what holds the runs left: live leases (a killed worker's too, until it runs out), e.g.
+    "1 run leased until 14:07:12" (this site's TIME_ZONE; the database's clock)."""
+    held = RunState.objects.leased(Clock().now())
+    count = held.count()
+    first = held.order_by("lease_expires_at").values_list("lease_expires_at", flat=True).first()
+    if not count or first is None:
+        return ""
+    until = timezone.localtime(first).strftime("%H:%M:%S")
+    return f"1 run leased until {until}" if count == 1 else f"{count} runs leased, the first until {until}"
 
 
 def _positive(kind: type) -> Any:
@@ -101,6 +115,8 @@ class Command(BaseCommand):
             counters.pass_done(report)
         for run, error in report.crashed:
             self.stderr.write(f"{run}: raised {error}")
+        if not report.outcomes:
+            report.leased = _leased()
         self.stdout.write(report.summary())
         if report.crashed:
             raise CommandError(f"{len(report.crashed)} run(s) raised unexpectedly", returncode=3)
