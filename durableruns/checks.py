@@ -231,3 +231,25 @@ def check_own_database(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
                  "the same database as the engine's.",
             id="durableruns.W004")]
     return []
+
+
+@checks.register(TAG)
+def check_workflow_groups(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DURABLERUNS_WORKFLOW_GROUPS is a dict of workflow name to group names (E032), and each workflow it scopes
+    is declared (W006: a misspelt name scopes nothing, and the runs it meant to keep apart are seen by all)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from durableruns import conf
+
+    try:
+        scoped = conf.workflow_groups()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint='For example {"payroll": ["Payroll"]}: a workflow\'s name, then the '
+                                            "names of the groups whose members see its runs.",
+                             id="durableruns.E032")]
+    declared = workflows()
+    return [checks.Warning(
+        f"DURABLERUNS_WORKFLOW_GROUPS scopes {name!r}, which no workflow is declared as",
+        hint=f"Its runs, if any, are seen by everyone the model permissions admit. Declared: "
+             f"{', '.join(sorted(declared)) or 'none'}.",
+        id="durableruns.W006") for name in sorted(scoped) if name not in declared]

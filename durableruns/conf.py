@@ -312,3 +312,29 @@ def admin_base_url() -> str:
     have no request to take them from; DURABLERUNS_ADMIN_BASE_URL, "" by default (the e-mail then carries the
     page's path alone)."""
     return str(getattr(settings, "DURABLERUNS_ADMIN_BASE_URL", "")).rstrip("/")
+
+
+def workflow_groups() -> dict[str, frozenset[str]]:
+    """The workflows seen only by superusers and the members of their groups: DURABLERUNS_WORKFLOW_GROUPS, a dict
+    of workflow name to a list of group names ({"payroll": ["Payroll"]}), empty by default (every workflow seen by
+    whoever the model permissions admit). A workflow named there is left out of every list, count, search and
+    queue for anyone else, and its runs' pages and API details are 404 (durableruns.scopes); within it, the model
+    permissions still decide what a member may do. A malformed value is check durableruns.E032."""
+    value = getattr(settings, "DURABLERUNS_WORKFLOW_GROUPS", None) or {}
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(
+            f"DURABLERUNS_WORKFLOW_GROUPS must be a dict of workflow name to a list of group names, not {value!r}"
+        )
+    groups = {}
+    for workflow, names in value.items():
+        if (
+            not isinstance(workflow, str)
+            or isinstance(names, str)
+            or not isinstance(names, (list, tuple, set, frozenset))
+            or not all(isinstance(n, str) and n for n in names)
+        ):
+            raise ImproperlyConfigured(
+                f"DURABLERUNS_WORKFLOW_GROUPS[{workflow!r}] must be a list of group names, not {names!r}"
+            )
+        groups[workflow] = frozenset(names)
+    return groups

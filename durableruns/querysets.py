@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from django.db import connections, models
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Coalesce
 
+from durableruns import scopes
+
 
 class RunStateQuerySet(models.QuerySet):
     ACTIVE = ("pending", "running", "waiting")
+
+    def visible_to(self, user: Any) -> RunStateQuerySet:
+        """The runs `user` may see: all but those of workflows scoped to groups the user is not in
+        (DURABLERUNS_WORKFLOW_GROUPS, durableruns.scopes)."""
+        hidden = scopes.hidden_workflows(user)
+        return self.exclude(workflow__in=sorted(hidden)) if hidden else self
 
     def due(self, now: datetime) -> RunStateQuerySet:
         """Runs a worker may take now: new or decided, lease expired, or waiting whose wake time has come."""
@@ -150,6 +159,11 @@ class RunPlanQuerySet(models.QuerySet):
 
 
 class RunStepQuerySet(models.QuerySet):
+    def visible_to(self, user: Any) -> RunStepQuerySet:
+        """The attempts of the runs `user` may see (durableruns.scopes)."""
+        hidden = scopes.hidden_workflows(user)
+        return self.exclude(run__workflow__in=sorted(hidden)) if hidden else self
+
     def of_run(self, run_id: str) -> RunStepQuerySet:
         """Every attempt of a run, in the order they were made: one query for the boundary."""
         return self.filter(run_id=run_id).order_by("started_at", "step", "attempt")
@@ -166,6 +180,11 @@ class RunStepQuerySet(models.QuerySet):
 
 
 class EscalationQuerySet(models.QuerySet):
+    def visible_to(self, user: Any) -> EscalationQuerySet:
+        """The escalations of the runs `user` may see (durableruns.scopes)."""
+        hidden = scopes.hidden_workflows(user)
+        return self.exclude(run__workflow__in=sorted(hidden)) if hidden else self
+
     def open(self) -> EscalationQuerySet:
         """Escalations nobody has decided yet, oldest first: the queue."""
         return self.filter(decision__isnull=True).order_by("opened_at")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -432,17 +432,21 @@ def startable_workflows() -> dict[str, Workflow]:
     return {name: wf for name, wf in _registry.items() if not wf.internal}
 
 
-def startable(workflow: Workflow | str, *, internal: Workflow | None = None) -> Workflow:
+def startable(workflow: Workflow | str, *, internal: Workflow | None = None, hidden: Collection[str] = ()
+              ) -> Workflow:
     """Return the registered workflow a caller asks to start (a Workflow or its name).
 
     An internal workflow is refused exactly as a name nobody declared is (UnknownWorkflow, the same message,
     listing only what may be started): a caller learns nothing of it. It is found only when `internal` is that
-    very Workflow object, which only the code that declares it holds."""
+    very Workflow object, which only the code that declares it holds. The workflows named in `hidden` (those out
+    of a user's scope, durableruns.scopes) are refused and left out of the message the same way."""
     name = workflow.name if isinstance(workflow, Workflow) else workflow
     found = _registry.get(name) if isinstance(name, str) else None
-    if found is not None and (not found.internal or (internal is not None and internal is found)):
+    if (found is not None and found.name not in hidden
+            and (not found.internal or (internal is not None and internal is found))):
         return found
-    raise UnknownWorkflow(_unknown(name, startable_workflows()), workflow=name)
+    known = {n: wf for n, wf in startable_workflows().items() if n not in hidden}
+    raise UnknownWorkflow(_unknown(name, known), workflow=name)
 
 
 # Modules of workflows that raised DeclarationError at import (module -> message): durableruns.discovery records

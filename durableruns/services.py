@@ -364,9 +364,13 @@ def decide(run_id: str, step: str, outcome: str, *, by: Any, note: str, result: 
 APPROVAL_OUTCOMES = ("approve", "reject")
 
 
-def open_approvals() -> list[RunStep]:
-    """The approval queue: undecided approvals runs wait at, oldest first, each with its run and its attempts."""
-    return list(RunStep.objects.open_approvals().select_related("run").prefetch_related("run__attempts"))
+def open_approvals(*, user: Any = None) -> list[RunStep]:
+    """The approval queue: undecided approvals runs wait at, oldest first, each with its run and its attempts;
+    with `user`, those of the runs that user may see (durableruns.scopes)."""
+    approvals = RunStep.objects.open_approvals()
+    if user is not None:
+        approvals = approvals.visible_to(user)
+    return list(approvals.select_related("run").prefetch_related("run__attempts"))
 
 
 def wait_steps() -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from durableruns import services
+from durableruns import scopes, services
 from durableruns.admin.forms import nesting_depth
 from durableruns.boundary import Boundary, StepAttempt, Zone
 from durableruns.holdings import HoldState, lapse_phrase
@@ -192,17 +192,22 @@ def run_url(run_id: str) -> str:
 CHILDREN_SHOWN = 200
 
 
-def family(run: RunState) -> dict[str, Any]:
+def family(run: RunState, user: Any = None) -> dict[str, Any]:
     """The run that started `run` and the child runs it started, each linked with its status badge: two index
-    reads (the primary key, and the parent index)."""
+    reads (the primary key, and the parent index). With `user`, only the runs that user may see
+    (durableruns.scopes): a parent out of scope is named as such, without its id."""
     parent = None
+    visible = RunState.objects.visible_to(user) if user is not None else RunState.objects.all()
     if run.parent_id is not None:
         found = RunState.objects.filter(pk=run.parent_id).values("run_id", "workflow", "status").first()
-        parent = (_relative(found) if found else
-                  {"run_id": run.parent_id, "workflow": "", "url": "", "status": "deleted"})
-    children = RunState.objects.children_of(run.run_id).values("run_id", "workflow", "status")
+        if found and user is not None and not scopes.may_see(user, found["workflow"]):
+            parent = {"run_id": "a run outside your workflows", "workflow": "", "url": "", "status": ""}
+        else:
+            parent = (_relative(found) if found else
+                      {"run_id": run.parent_id, "workflow": "", "url": "", "status": "deleted"})
+    children = visible.children_of(run.run_id).values("run_id", "workflow", "status")
     shown = [_relative(row) for row in children[:CHILDREN_SHOWN]]
-    count = len(shown) if len(shown) < CHILDREN_SHOWN else RunState.objects.children_of(run.run_id).count()
+    count = len(shown) if len(shown) < CHILDREN_SHOWN else visible.children_of(run.run_id).count()
     return {"parent": parent, "children": shown, "children_count": count}
 
 

@@ -93,7 +93,9 @@ class EscalationAdmin(ReadOnlyRecord):
         return request.user.has_perm("durableruns.decide_escalation")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return services.with_hold_lapses(super().get_queryset(request).select_related("run", "decision"))
+        # the queue, its counts and each escalation's page: only the runs the user may see (durableruns.scopes)
+        mine = cast(EscalationQuerySet, super().get_queryset(request)).visible_to(request.user)
+        return services.with_hold_lapses(mine.select_related("run", "decision"))
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return EscalationChangeList

@@ -24,7 +24,7 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
-from durableruns import services
+from durableruns import scopes, services
 from durableruns.admin.base import CappedCountPaginator, ReadOnlyRecord, RunChangeList
 from durableruns.admin.display import (
     CANCELLABLE,
@@ -104,7 +104,8 @@ class WorkflowFilter(admin.SimpleListFilter):
     parameter_name = "workflow__exact"  # the address Django's own filter on the field used
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in RunState.objects.workflow_names()]
+        hidden = scopes.hidden_workflows(request.user)
+        return [(name, name) for name in RunState.objects.workflow_names() if name not in hidden]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
@@ -166,7 +167,11 @@ class RunStateAdmin(ReadOnlyRecord):
             if not can_decide:
                 raise PermissionDenied
             form = ApprovalForm(request.POST)
-            if form.is_valid():
+            if form.is_valid() and not self.get_queryset(request).filter(pk=form.cleaned_data["run_id"]).exists():
+                # a run out of the user's scope is not there for them: nothing recorded, nothing said of it
+                self.message_user(request, f"Nothing was recorded: no run {form.cleaned_data['run_id']!r} awaits "
+                                           f"an approval.", messages.ERROR)
+            elif form.is_valid():
                 data = form.cleaned_data
                 try:
                     services.decide(data["run_id"], data["step"], data["outcome"], by=request.user,
@@ -180,7 +185,7 @@ class RunStateAdmin(ReadOnlyRecord):
                 self.message_user(request, "Nothing was recorded: a note saying why is required.", messages.ERROR)
             return HttpResponseRedirect(request.path)
         rows = []
-        for attempt in services.open_approvals():
+        for attempt in services.open_approvals(user=request.user):
             run = attempt.run
             boundary = row_boundary(run)
             until = (attempt.progress or {}).get("until")
@@ -204,6 +209,11 @@ class RunStateAdmin(ReadOnlyRecord):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return flatten_fieldsets(self.fieldsets)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # Every list, search, count, action and page of runs reads through here: a run out of the user's scope
+        # (DURABLERUNS_WORKFLOW_GROUPS) is in none of them, and its page is Django's "does not exist".
+        return cast(RunStateQuerySet, super().get_queryset(request)).visible_to(request.user)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RunChangeList
@@ -305,7 +315,7 @@ class RunStateAdmin(ReadOnlyRecord):
             "events": [{"sent_at": e.sent_at, "event": e.event, "key": e.key, "json": pretty_json(e.payload),
                         "consumed_at": e.consumed_at, "consumed_step": e.consumed_step,
                         "consumed_attempt": e.consumed_attempt} for e in run.events.order_by("sent_at", "id")],
-            **family(run),
+            **family(run, request.user),
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
             # Staff who may not decide still read an escalation: the link says "read it", not "decide it".

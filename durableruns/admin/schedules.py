@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from durableruns import schedules
+from durableruns import schedules, scopes
 from durableruns.admin.base import ReadOnlyRecord
 from durableruns.models import (
     ScheduleState,
@@ -27,6 +29,13 @@ class ScheduleAdmin(ReadOnlyRecord):
     search_fields = ("name",)
     fields = ("name", "workflow", "cron", "time_zone", "catch_up", "last_slot_started", "next_slot", "trouble",
               "runs", "created_at")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # a schedule starts runs of one workflow: out of the user's scope, it is not on their page
+        hidden = scopes.hidden_workflows(request.user)
+        names = sorted(s.name for s in schedules.schedules() if s.workflow in hidden)
+        queryset = super().get_queryset(request)
+        return queryset.exclude(name__in=names) if names else queryset
 
     @staticmethod
     def _declared(obj: ScheduleState) -> schedules.Schedule | None:

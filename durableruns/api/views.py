@@ -27,7 +27,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from durableruns import conf, services
+from durableruns import conf, scopes, services
 from durableruns.api import authentication  # noqa: F401  (registers the session scheme for the schema)
 from durableruns.api import serializers as s
 from durableruns.api.pagination import KeysetPagination
@@ -42,9 +42,10 @@ from durableruns.api.permissions import (
     CanViewEscalations,
     CanViewRuns,
 )
-from durableruns.errors import RunNotFound
+from durableruns.errors import EscalationNotFound, RunNotFound
 from durableruns.models import Escalation, RunEvent, RunState, RunStep
 from durableruns.querysets import EscalationQuerySet, RunStateQuerySet
+from durableruns.registry import startable
 
 NOT_AUTHENTICATED = OpenApiResponse(
     s.ErrorSerializer, description="Not signed in: no session and no valid token (with a WWW-Authenticate challenge)."
@@ -196,7 +197,7 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
     serializer_class = s.RunSerializer
 
     def get_queryset(self) -> RunStateQuerySet:
-        return runs_with_attempts().newest_first()
+        return runs_with_attempts().newest_first().visible_to(self.request.user)
 
     def cursor_ordering(self, request: Request) -> tuple[str, ...]:
         return ("-created_at", "-run_id")
@@ -217,6 +218,8 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = parse(s.StartRunSerializer, request.data)
+        # A workflow out of the caller's scope is not there for them: refused as a name nobody declared.
+        startable(data["workflow"], hidden=scopes.hidden_workflows(request.user))
         run_id = services.start_run(data["workflow"], data["input"], run_id=data.get("run_id"))
         run = runs_in_full().get(pk=run_id)
         location = reverse("durableruns-api:run-detail", kwargs={"run_id": run_id})
@@ -250,7 +253,7 @@ class RunDetail(DurableRunsAPIView, generics.RetrieveAPIView):
     serializer_class = s.RunDetailSerializer
 
     def get_queryset(self) -> RunStateQuerySet:
-        return runs_in_full()
+        return runs_in_full().visible_to(self.request.user)
 
     def get_object(self) -> RunState:
         run_id = self.kwargs["run_id"]
@@ -275,7 +278,7 @@ class EscalationList(DurableRunsAPIView, generics.ListAPIView):
     serializer_class = s.EscalationSerializer
 
     def get_queryset(self) -> EscalationQuerySet:
-        return escalations_in_full()
+        return escalations_in_full().visible_to(self.request.user)
 
     def state(self) -> str:
         return str(parse(s.EscalationFilterSerializer, self.request.query_params)["state"])
@@ -324,6 +327,8 @@ class DecideEscalation(DurableRunsAPIView):
 
     def post(self, request: Request, id: int) -> Response:
         data = parse(s.DecisionRequestSerializer, request.data)
+        if Escalation.objects.filter(pk=id).exclude(pk__in=Escalation.objects.visible_to(request.user)).exists():
+            raise EscalationNotFound(escalation_id=id)  # out of the caller's scope: not there for them
         services.resolve_escalation(id, data["outcome"], by=request.user, note=data["note"], result=data.get("result"))
         escalation = escalations_in_full().get(pk=id)
         return Response(s.EscalationSerializer(escalation).data)
@@ -369,6 +374,16 @@ class _StaffAct(RunDetail):
 
     def perform(self, run_id: str, *, by: Any, note: str) -> None:
         raise TypeError(f"{type(self).__name__} names no act")
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        """Once the caller is authenticated and allowed: a POST on a run out of their scope is a 404, as for a
+        run that does not exist, before anything is read or written (a GET reads through get_queryset)."""
+        super().initial(request, *args, **kwargs)
+        run_id = kwargs.get("run_id")
+        if request.method == "POST" and run_id is not None:
+            hidden = scopes.hidden_workflows(request.user)
+            if hidden and RunState.objects.filter(pk=run_id, workflow__in=sorted(hidden)).exists():
+                raise RunNotFound(run_id=run_id)
 
     def post(self, request: Request, run_id: str) -> Response:
         data = parse(s.StaffNoteSerializer, request.data)

@@ -166,8 +166,8 @@ def _list(model: str, **query: str) -> str:
     return f"{url}?{urlencode(query)}" if query else url
 
 
-def runs_by_status() -> Chart:
-    counts = dict(RunState.objects.order_by().values_list("status").annotate(n=Count("pk")).values_list("status", "n"))
+def runs_by_status(hidden: frozenset[str] = frozenset()) -> Chart:
+    counts = dict(_runs(hidden).order_by().values_list("status").annotate(n=Count("pk")).values_list("status", "n"))
     items = [
         (label, counts.get(status, 0), _list("runstate", status__exact=status), STATUS_COLOURS[status])
         for status, label in RunStatus.choices
@@ -175,7 +175,7 @@ def runs_by_status() -> Chart:
     return _rows("status", "Runs by status", "every run in the record", items)
 
 
-def escalations_by_age(now: datetime) -> Chart:
+def escalations_by_age(now: datetime, hidden: frozenset[str] = frozenset()) -> Chart:
     buckets: dict[str, Any] = {}
     younger_than = None
     for index, (_, limit, _) in enumerate(ESCALATION_AGES):
@@ -186,20 +186,22 @@ def escalations_by_age(now: datetime) -> Chart:
             condition &= Q(opened_at__gt=now - limit)
         buckets[f"b{index}"] = Count("pk", filter=condition)
         younger_than = limit
-    counts = Escalation.objects.filter(decision__isnull=True).order_by().aggregate(**buckets)
+    open_ones = Escalation.objects.filter(decision__isnull=True)
+    if hidden:
+        open_ones = open_ones.exclude(run__workflow__in=sorted(hidden))
+    counts = open_ones.order_by().aggregate(**buckets)
     queue = _list("escalation", state="open")
     items = [(label, int(counts[f"b{i}"] or 0), queue, colour) for i, (label, _, colour) in enumerate(ESCALATION_AGES)]
     return _rows("escalations", "Open escalations by age", "how long each has waited for a decision", items)
 
 
-def throughput(now: datetime) -> Chart:
+def throughput(now: datetime, hidden: frozenset[str] = frozenset()) -> Chart:
     tz = timezone.get_current_timezone()
     hour = timezone.localtime(now, tz).replace(minute=0, second=0, microsecond=0)
     hours = [hour - timedelta(hours=23 - i) for i in range(24)]
     done = (
-        RunState.objects.filter(
-            created_at__gte=now - timedelta(days=7), status=RunStatus.COMPLETED, updated_at__gte=hours[0]
-        )
+        _runs(hidden)
+        .filter(created_at__gte=now - timedelta(days=7), status=RunStatus.COMPLETED, updated_at__gte=hours[0])
         .order_by()
         .annotate(hour=Trunc("updated_at", "hour", tzinfo=tz))
         .values_list("hour")
@@ -221,9 +223,10 @@ def throughput(now: datetime) -> Chart:
     return _columns("throughput", "Runs completed per hour", "the last 24 hours, this site's time zone", items)
 
 
-def in_doubt(now: datetime) -> Chart:
+def in_doubt(now: datetime, hidden: frozenset[str] = frozenset()) -> Chart:
     counts = sorted(
-        ((workflow, count) for workflow, count, _ in in_doubt_by_workflow(now)), key=lambda item: (-item[1], item[0])
+        ((workflow, count) for workflow, count, _ in in_doubt_by_workflow(now) if workflow not in hidden),
+        key=lambda item: (-item[1], item[0]),
     )
     items = [(workflow, count, _list("runstate", workflow__exact=workflow), "#dc2626") for workflow, count in counts]
     return _rows(
@@ -231,7 +234,13 @@ def in_doubt(now: datetime) -> Chart:
     )
 
 
-def build(clock: Clock | None = None) -> dict[str, Any]:
-    """The dashboard's charts, read in six queries."""
+def _runs(hidden: frozenset[str]) -> Any:
+    return RunState.objects.exclude(workflow__in=sorted(hidden)) if hidden else RunState.objects.all()
+
+
+def build(clock: Clock | None = None, *, hidden: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The dashboard's charts, read in six queries; without the runs of the workflows in `hidden` (those out of
+    the viewer's scope, durableruns.scopes)."""
     now = (clock or Clock()).now()
-    return {"charts": [runs_by_status(), escalations_by_age(now), throughput(now), in_doubt(now)], "now": now}
+    charts = [runs_by_status(hidden), escalations_by_age(now, hidden), throughput(now, hidden), in_doubt(now, hidden)]
+    return {"charts": charts, "now": now}

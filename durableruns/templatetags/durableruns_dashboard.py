@@ -7,6 +7,7 @@ from typing import Any
 
 from django import template
 
+from durableruns import scopes
 from durableruns.ops import dashboard
 
 register = template.Library()
@@ -21,4 +22,4 @@ def durableruns_dashboard(context: template.Context) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not any(user.has_perm(f"durableruns.{p}") for p in SEES_RUNS):
         return {"charts": None}
-    return dashboard.build()
+    return dashboard.build(hidden=scopes.hidden_workflows(user))
