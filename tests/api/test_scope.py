@@ -26,8 +26,9 @@ def scoped(settings):
 @pytest.fixture
 def clerk():
     """Every permission a purchasing clerk needs, and not in Payroll."""
-    return user_with("clerk", *READ, "start_run", "cancel_run", "retry_run", "decide_escalation", "decide_approval",
-                     "send_event")
+    return user_with(
+        "clerk", *READ, "start_run", "cancel_run", "retry_run", "decide_escalation", "decide_approval", "send_event"
+    )
 
 
 @pytest.fixture
@@ -37,8 +38,9 @@ def payroll_clerk():
     return user
 
 
-def test_a_scoped_workflows_runs_are_in_no_list_for_someone_outside_its_groups(client_for, clerk, payroll_clerk,
-                                                                               superuser):
+def test_a_scoped_workflows_runs_are_in_no_list_for_someone_outside_its_groups(
+    client_for, clerk, payroll_clerk, superuser
+):
     payroll = durableruns.start("scripted", {"month": "2026-11"}, run_id="payroll-nov")
     purchase = durableruns.start("waiting", {"total": 10})
     listed = client_for(clerk).get("/api/runs/").json()["results"]
@@ -56,8 +58,12 @@ def test_a_scoped_runs_detail_and_every_act_on_it_are_404_and_record_nothing(cli
     client = client_for(clerk)
     detail = client.get(f"/api/runs/{run_id}/")
     assert detail.status_code == 404 and detail.json()["code"] == "run_not_found"
-    for act, body in (("cancel", {"note": "n"}), ("retry", {"note": "n"}), ("events", {"event": "e"}),
-                      ("decide", {"step": "first", "outcome": "approve", "note": "n"})):
+    for act, body in (
+        ("cancel", {"note": "n"}),
+        ("retry", {"note": "n"}),
+        ("events", {"event": "e"}),
+        ("decide", {"step": "first", "outcome": "approve", "note": "n"}),
+    ):
         response = client.post(f"/api/runs/{run_id}/{act}/", body, format="json")
         assert response.status_code == 404 and response.json()["code"] == "run_not_found", (act, response.content)
     run = RunState.objects.get(pk=run_id)
@@ -82,13 +88,15 @@ def test_a_scoped_runs_escalations_are_out_of_the_queue_and_cannot_be_decided(cl
     escalation = escalated_run("payroll-esc")
     queue = client_for(clerk).get("/api/escalations/").json()["results"]
     assert queue == []
-    decided = client_for(clerk).post(f"/api/escalations/{escalation.pk}/decide/",
-                                     {"outcome": "happened", "note": "seen in the bank"}, format="json")
+    decided = client_for(clerk).post(
+        f"/api/escalations/{escalation.pk}/decide/", {"outcome": "happened", "note": "seen in the bank"}, format="json"
+    )
     assert decided.status_code == 404 and decided.json()["code"] == "escalation_not_found", decided.content
     assert not Intervention.objects.filter(run_id="payroll-esc").exists()
     assert [e["id"] for e in client_for(payroll_clerk).get("/api/escalations/").json()["results"]] == [escalation.pk]
-    ok = client_for(payroll_clerk).post(f"/api/escalations/{escalation.pk}/decide/",
-                                        {"outcome": "happened", "note": "seen in the bank"}, format="json")
+    ok = client_for(payroll_clerk).post(
+        f"/api/escalations/{escalation.pk}/decide/", {"outcome": "happened", "note": "seen in the bank"}, format="json"
+    )
     assert ok.status_code == 200, ok.content
 
 
