@@ -78,8 +78,13 @@ class Step:
         """The step as the pure holdings rules take it (only for an acquisition: a step with a releaser)."""
         if self.releaser is None:
             raise DeclarationError(f"{self.name} is not an acquisition: it declares no release=")
-        return Acquisition(step=self.name, release_step=self.releaser.name, hold_expires_after=self.hold_expires_after,
-                           released_by=self.released_by, has_lookup=self.lookup is not None)
+        return Acquisition(
+            step=self.name,
+            release_step=self.releaser.name,
+            hold_expires_after=self.hold_expires_after,
+            released_by=self.released_by,
+            has_lookup=self.lookup is not None,
+        )
 
     @property
     def doc(self) -> str:
