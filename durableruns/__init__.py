@@ -7,6 +7,7 @@ settle escalated steps and approvals with `decide`.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from durableruns import errors
@@ -24,12 +25,24 @@ if TYPE_CHECKING:
 __all__ = ["Workflow", "Rejected", "start", "send", "result", "boundary", "decide", "adopt_plan", "schedule", "errors"]
 
 
-def start(workflow_name: str, input: Any, run_id: str | None = None, *, priority: int = 0) -> str:
+def start(
+    workflow_name: str,
+    input: Any,
+    run_id: str | None = None,
+    *,
+    priority: int = 0,
+    debounce: timedelta | None = None,
+    key: str | None = None,
+) -> str:
     """Record a pending run of `workflow_name` with `input` (a JSON object); return its run_id. Among due runs,
-    workers take a higher `priority` first."""
+    workers take a higher `priority` first.
+
+    With `debounce` (a timedelta) and `key`: while the run started with this key has not begun, the start replaces
+    its input and moves its start to now + debounce (by the database's clock), and returns that run's id; once it
+    has begun, the next start with the key starts a new run."""
     from durableruns import services
 
-    return services.start_run(workflow_name, input, run_id=run_id, priority=priority)
+    return services.start_run(workflow_name, input, run_id=run_id, priority=priority, debounce=debounce, key=key)
 
 
 def send(run_id: str, event: str, payload: dict[str, Any] | None = None, *, key: str | None = None) -> bool:

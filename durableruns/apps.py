@@ -22,12 +22,12 @@ class DurableRunsConfig(AppConfig):
             checks,  # registers the checks
             connections,
             discovery,
+            faults,
             sqlite,
-            testing,
         )
 
         connections.apply_timeouts()  # before any connection is opened: a cut-off worker must not hang
-        testing.arm_from_environment()
+        faults.arm_from_environment()
         connection_created.connect(sqlite.tune_connection, dispatch_uid="durableruns.sqlite.tune_connection")
         register(sqlite.check_sqlite_options, checks.TAG)
         # A flush empties the tables and emits post_migrate: the plans this process knew recorded are gone.

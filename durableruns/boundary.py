@@ -65,6 +65,9 @@ class Boundary:
     # Steps whose next attempt waits for its turn under the step's rate limit (durableruns.rates), by name ->
     # (key, the moment the turn comes).
     turns: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
+    # A debounced run not yet begun (durableruns.start(debounce=, key=)): when it starts, unless a start with its
+    # key moves that time on.
+    debounced_until: datetime | None = None
 
     def zone(self, step: str) -> Zone:
         """Return the zone of one step of the plan."""
@@ -157,6 +160,8 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
     if b.status in (None, "waiting"):  # a turn is waited for only while the run waits
         for step, (key, until) in b.turns.items():
             parts.append(waiting_reason(step, key, until.astimezone(tz) if tz else until))
+    if b.debounced_until is not None and b.status in (None, "waiting"):
+        parts.append(f"debounced until {_clock(b.debounced_until, tz, '%H:%M:%S')} (a start with its key moves it)")
     if b.plan_known:
         parts.append(f"{_count(len(b.remainder))} remaining")
     else:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from django.db import connections
 
-from durableruns import testing
+from durableruns import faults
 from durableruns.encoding import to_json
 from durableruns.errors import DeclarationError, ResultNotJSON
 
@@ -96,7 +96,7 @@ class StepContext:
             yield items[index]
             # Control returns here only once the caller has finished item `index`.
             done = index + 1
-            testing.reached(f"loop:{done}", self.step)
+            faults.reached(f"loop:{done}", self.step)
             if done % every == 0 and done < len(items):
                 self._save(done)
 
@@ -182,7 +182,7 @@ class StepContext:
                     continue
                 done[str(index)] = value
                 self._unsaved += 1
-                testing.reached(f"map:{len(done)}", self.step)
+                faults.reached(f"map:{len(done)}", self.step)
                 if self._unsaved >= every and first is None and len(done) < len(items):
                     self._save(self._loop_cursor)
         finally:

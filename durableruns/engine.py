@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
-from durableruns import children, conf, plans, releasing, signals, store, testing, turns, waiting, waits
+from durableruns import children, conf, faults, plans, releasing, signals, store, turns, waiting, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
@@ -329,10 +329,10 @@ class Engine:
             if step.rate is not None and not recorded:  # each attempt that starts takes a turn (durableruns.turns)
                 turns.take_turn(self, state, step, index, intent.attempt)
             if intends and not recorded:
-                testing.reached("before_intent", step.name)
+                faults.reached("before_intent", step.name)
                 store.record_intent(lease, intent, clock=self.clock)  # commit 1: before the step acts
             recorded = intends
-            testing.reached("after_intent", step.name)
+            faults.reached("after_intent", step.name)
             try:
                 result, encoded = self.call(state, step, intent)
             except (FencedOut, EffectInTransaction):
@@ -344,11 +344,11 @@ class Engine:
                     return None
                 intent, recorded = follow
                 continue
-            testing.reached("after_return", step.name)
+            faults.reached("after_return", step.name)
             # A stopping worker records no next intent: the run is handed back between steps, not left in doubt.
             next_intent = None if self._stopping() else self._next_intent(state, plan, index)
             if next_intent is not None:  # its intent rides on this commit, so "before" it is now
-                testing.reached("before_intent", next_intent.step)
+                faults.reached("before_intent", next_intent.step)
             last = index + 1 == len(plan)
             store.record_result(lease, step=step.name, attempt=intent.attempt, result=result, cursor=index + 1,
                                 clock=self.clock, intent_recorded=recorded, effect_key=intent.effect_key,

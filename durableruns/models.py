@@ -43,6 +43,10 @@ class Resolution(models.TextChoices):
     CHILDREN = "children", "its child runs ended"
 
 
+# The runs a debounced start may still replace: started with a key, not begun, not ended (store.debounce).
+DEBOUNCING = Q(debounce_key__isnull=False, status__in=["pending", "waiting"])
+
+
 class RunState(models.Model):
     """Where a run is and who owns it. Rewritten on every commit a worker makes, so kept small."""
 
@@ -81,6 +85,10 @@ class RunState(models.Model):
         max_length=200, null=True, blank=True,
         help_text="The run that started this one as a child (ctx.start_run), recorded in the commit that created "
                   "it; NULL for a run started otherwise. A join of the parent waits until its children end.")
+    debounce_key = models.CharField(
+        max_length=200, null=True, blank=True,
+        help_text="The key of a debounced start (start(debounce=, key=)) while the run has not begun: a start with "
+                  "the same key replaces its input and moves its start. Cleared by the claim that begins it.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     alerted_at = models.DateTimeField(
@@ -145,6 +153,11 @@ class RunState(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_state_status_valid"),
+            # One run not yet begun per debounce key and workflow: concurrent debounced starts with one key meet
+            # here, and all but one replace that run's input instead (store.debounce). A run that begins leaves it
+            # (the claim clears its key); so does one ended before it began (a staff cancel).
+            models.UniqueConstraint(fields=["workflow", "debounce_key"], name="run_state_debounce_key_uniq",
+                                    condition=DEBOUNCING),
         ]
 
     def __str__(self) -> str:

@@ -47,7 +47,9 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
     waits = recorded.waits if recorded is not None else {}
     waits_for_turn = run.status == RunStatus.WAITING and run.reason.startswith(WAITING_FOR_TURN)
     turns = store.waiting_turns(run.run_id) if waits_for_turn else None  # no query for any other run
-    return replace(compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status)
+    debounced = run.wake_at if run.debounce_key is not None and run.reason == store.DEBOUNCED else None
+    return replace(compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status,
+                   debounced_until=debounced)
 
 
 def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:

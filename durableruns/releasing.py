@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from durableruns import conf, store, testing
+from durableruns import conf, faults, store
 from durableruns.boundary import StepAttempt
 from durableruns.errors import DeclarationError, EffectInTransaction, FencedOut
 from durableruns.holdings import (
@@ -168,9 +168,9 @@ def _release_one(
             effect_key=key,
             cursor=state.plan_names.index(acquisition.name) + 1,
         )
-        testing.reached("before_intent", release.name)
+        faults.reached("before_intent", release.name)
         store.record_intent(state.lease, intent, clock=engine.clock)
-        testing.reached("after_intent", release.name)
+        faults.reached("after_intent", release.name)
         try:
             result, encoded = engine.call(state, release, intent)
         except (FencedOut, EffectInTransaction):
@@ -194,7 +194,7 @@ def _release_one(
                     return True
             number += 1
             continue
-        testing.reached("after_return", release.name)
+        faults.reached("after_return", release.name)
         _record(engine, state, acquisition, release, number, result, encoded=encoded, key=key)
         return True
 

@@ -9,7 +9,7 @@ import unicodedata
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +18,7 @@ from django.db import transaction
 from durableruns import conf, reading, schedules, signals, store
 from durableruns.boundary import Boundary
 from durableruns.clock import Clock, on_postgresql
+from durableruns.debounce import debounce_of
 from durableruns.engine import tracing_in_use
 from durableruns.errors import (
     ApprovalNotFound,
@@ -70,7 +71,8 @@ def default_owner() -> str:
 
 
 def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, priority: int = 0,
-              queue: str = "default", run_after: datetime | None = None, internal: Workflow | None = None) -> str:
+              queue: str = "default", run_after: datetime | None = None, internal: Workflow | None = None,
+              debounce: timedelta | None = None, key: str | None = None) -> str:
     """Record a pending run of a registered workflow and return its run_id; a worker executes it.
 
     Among due runs a worker takes the highest `priority` first; a worker limited to queues (resume_runs --queue)
@@ -81,6 +83,10 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
 
     An internal workflow (Workflow(..., internal=True)) is refused as an unknown name is (UnknownWorkflow), unless
     `internal` is that Workflow itself: only the code that declares it starts it (the Tasks backend's enqueue).
+
+    With `debounce` (a positive timedelta) and `key`: while the run started with this key has not begun, this start
+    replaces its input, moves its start to now + debounce by the database's clock, and returns its run id; once it
+    has begun, a new run is started (durableruns.store.debounce).
     """
     workflow = startable(workflow_name, internal=internal)
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
@@ -110,10 +116,16 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
     if concurrency_key is not None and (len(concurrency_key) > 200 or not _storable_text(concurrency_key)):
         raise InvalidInput(f"the concurrency key of {workflow_name} must be at most 200 storable characters, not "
                            f"{concurrency_key[:60]!r}")
+    debouncing = debounce_of(debounce, key, run_after=run_after)
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
     plan = workflow.as_plan()
     traces = tracing_in_use()
     trace_context = None if traces is None else traces.current_context()
+    if debouncing is not None:
+        return store.debounce_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint,
+                                  input=input, key=debouncing[1], debounce=debouncing[0], plan=plan,
+                                  trace_context=trace_context, priority=priority, queue=queue,
+                                  concurrency_key=concurrency_key)[0]
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
                      trace_context=trace_context, priority=priority, queue=queue, run_after=run_after,
                      concurrency_key=concurrency_key)

@@ -1,66 +1,129 @@
-"""Fault injection for tests of durable runs: kill the worker at a named point of a step's cycle.
+"""What your tests use: a worker killed at a named point of a step's cycle (durableruns.faults), a clock that
+skips days, and `drive()`, which works the due runs in the test's own process.
 
-The engine calls `reached(point, step)` at each point; it does nothing unless a fault is armed, either in
-process (`arm`) or, for a worker started as a subprocess, by the environment:
+    def test_an_overdue_approval_escalates(clock):              # the pytest fixture (durableruns' pytest plugin)
+        run_id = durableruns.start("full_purchase_order", {...})
+        drive()                                                  # waits for its manager_approval
+        clock.advance(timedelta(days=2))                         # its 2-day timeout passes
+        drive()                                                  # escalated: needs a decision
 
-    DURABLERUNS_CRASH_AT="charge@after_intent"      # step@point; a loop point is "quote@loop:173"
-    DURABLERUNS_CRASH_MARKER=/tmp/x                  # optional: crash only once (the marker file is created)
+    with durableruns.testing.clock() as clock:                   # the same, as a context manager
+        ...
 
-Points, in cycle order: before_intent (for a fresh run's first step, whose intent rides on the claim: before
-the claim's commit, nothing recorded), after_intent (intent committed, far system not called yet),
-after_effect (called by the step itself once the far system accepted), loop:N (item N of ctx.loop done),
-after_return (the step returned, its result not committed).
+`clock.advance(delta)` moves the time every durableruns decision reads (leases, wake times, timeouts, due dates,
+deadlines, rate windows, schedules' slots) by `delta`: every statement adds the move to the database's now(),
+as `Clock(shift=)` does (durableruns.clock), so the record's times stay one clock's. The system clock is not
+touched. Worker processes the test starts while the clock is in use (resume_runs in a subprocess) inherit the
+file the clock writes its move to (DURABLERUNS_TEST_CLOCK) and read it again whenever it changes; their idle
+threads look again within 0.2 s, so a move reaches them within a beat.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Callable
+import tempfile
+from datetime import datetime, timedelta
 from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
 
-Hook = Callable[[str, str], None]
+from durableruns.clock import TEST_CLOCK_VARIABLE, Clock, move_by, moved
+from durableruns.faults import POINTS, Hook, arm, arm_from_environment, armed, kill_at, reached
 
-POINTS = ("before_intent", "after_intent", "after_effect", "after_return")
-_hook: Hook | None = None
+if TYPE_CHECKING:
+    from durableruns.passes import RunOutcome
 
-
-def reached(point: str, step: str) -> None:
-    """Mark that the worker reached `point` of `step`; a no-op unless a fault is armed."""
-    if _hook is not None:
-        _hook(point, step)
-
-
-def armed() -> bool:
-    """Whether a fault is armed in this process."""
-    return _hook is not None
-
-
-def arm(hook: Hook | None) -> None:
-    """Install (or with None, remove) the in-process hook called at every point."""
-    global _hook
-    _hook = hook
+__all__ = [
+    "POINTS",
+    "Hook",
+    "TestClock",
+    "arm",
+    "arm_from_environment",
+    "armed",
+    "clock",
+    "drive",
+    "kill_at",
+    "reached",
+]
 
 
-def kill_at(target: str, marker: str | None = None) -> Hook:
-    """A hook that SIGKILLs this process at `step@point`, once if `marker` names a file to create."""
-    step, _, point = target.partition("@")
+class TestClock:
+    """A clock a test moves forward (`advance`) for this process and the worker processes it starts after entering
+    it. Leaving it moves every clock back by what it moved them."""
 
-    def hook(at: str, at_step: str) -> None:
-        if at_step != step or at != point:
+    __test__ = False  # not a test class, whatever pytest makes of its name
+
+    def __init__(self) -> None:
+        self.moved = timedelta(0)  # how far this clock has moved time
+        self._file: Path | None = None
+        self._variable: str | None = None
+
+    def __enter__(self) -> TestClock:
+        if self._file is not None:
+            raise RuntimeError("this test clock is in use already")
+        handle, name = tempfile.mkstemp(prefix="durableruns-clock-", suffix=".us")
+        os.close(handle)
+        self._file = Path(name)
+        self._write()
+        self._variable = os.environ.get(TEST_CLOCK_VARIABLE)
+        os.environ[TEST_CLOCK_VARIABLE] = name  # for the worker processes started from now on
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        move_by(-self.moved)
+        self.moved = timedelta(0)
+        if self._variable is None:
+            os.environ.pop(TEST_CLOCK_VARIABLE, None)
+        else:
+            os.environ[TEST_CLOCK_VARIABLE] = self._variable
+        if self._file is not None:
+            self._file.unlink(missing_ok=True)
+            self._file = None
+
+    def advance(self, delta: timedelta | None = None, /, **parts: float) -> datetime:
+        """Move the time by `delta` (or timedelta(**parts): `advance(days=2)`), here and in the workers started
+        under this clock; return the database's time now, as moved."""
+        if delta is None:
+            delta = timedelta(**parts)
+        elif parts:
+            raise TypeError("advance() takes a timedelta or its parts (days=, hours=, ...), not both")
+        if not isinstance(delta, timedelta) or delta < timedelta(0):
+            raise ValueError(f"a test clock moves forward only: advance() takes a timedelta >= 0, not {delta!r}")
+        move_by(delta)
+        self.moved += delta
+        self._write()
+        return self.now()
+
+    def now(self) -> datetime:
+        """The database's time as every durableruns decision now reads it."""
+        return Clock().now()
+
+    def _write(self) -> None:
+        """Write the move for the workers: a file replaced whole, so a worker never reads half a number."""
+        if self._file is None:
             return
-        if marker:
-            path = Path(marker)
-            if path.exists():
-                return
-            path.touch()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    return hook
+        fresh = self._file.with_name(self._file.name + ".new")
+        fresh.write_text(str(moved() // timedelta(microseconds=1)), encoding="ascii")
+        os.replace(fresh, self._file)
 
 
-def arm_from_environment() -> None:
-    """Arm the kill named by DURABLERUNS_CRASH_AT, if any (called when the app starts)."""
-    target = os.environ.get("DURABLERUNS_CRASH_AT")
-    if target:
-        arm(kill_at(target, os.environ.get("DURABLERUNS_CRASH_MARKER")))
+def clock() -> TestClock:
+    """A test clock, to use as a context manager (`with clock() as c: c.advance(days=2)`); the pytest fixture of
+    the same name (durableruns' pytest plugin) enters one for the test."""
+    return TestClock()
+
+
+def drive(run_id: str | None = None) -> list[RunOutcome]:
+    """Work the due runs (only `run_id`, if given) in this process until none is due, starting the schedules'
+    slots that have come; return what each pass over a run did (its run_id, status afterwards, a line saying
+    what happened), in order. A run that waits (for a time, an event, a person) is left waiting: move a test
+    clock past its time, send the event or decide, and drive again."""
+    from durableruns import services  # the use cases sit above the worker, which imports the faults beside this
+
+    outcomes: list[RunOutcome] = []
+    for _ in range(100):  # each pass works until nothing is due; another only for what came due meanwhile
+        report = services.resume_due(run_id=run_id)
+        outcomes.extend(report.outcomes)
+        if not report.outcomes:
+            break
+    return outcomes

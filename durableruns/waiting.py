@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from datetime import datetime, timedelta
 
-from durableruns import children, store, testing, waits
+from durableruns import children, faults, store, waits
 from durableruns.boundary import StepAttempt
 from durableruns.context import StepContext
 from durableruns.errors import DeclarationError
@@ -86,7 +86,7 @@ def wait_move(driver: Driver, state: Pass, step: Step, index: int, latest: StepA
             RunOutcome(run_id=state.run_id, status=RunStatus.WAITING, detail=move.reason, steps_run=state.steps_run)
         )
     if move.move is kind.COMPLETE:
-        testing.reached("before_complete", step.name)
+        faults.reached("before_complete", step.name)
         store.complete_wait(
             lease,
             step=step.name,
@@ -99,7 +99,7 @@ def wait_move(driver: Driver, state: Pass, step: Step, index: int, latest: StepA
             event_id=move.event_id,
             clock=driver.clock,
         )
-        testing.reached("after_complete", step.name)
+        faults.reached("after_complete", step.name)
         state.results[step.name] = copy.deepcopy(move.result)
         state.steps_run += 1
         return

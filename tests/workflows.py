@@ -635,3 +635,12 @@ rated_plain = Workflow("rated_plain")
 @rated_plain.step(policy="re_executable", rate="2/m")
 def plain_call(ctx: Any) -> dict[str, Any]:
     return {"n": ctx.input.get("n")}
+
+
+# Debounced starts (issue 35, tests/integration/test_debounce.py): a re-quote that records the input it ran with.
+requote = Workflow("requote")
+
+
+@requote.step(policy="re_executable")
+def requote_lines(ctx: Any) -> dict[str, Any]:
+    return {"edit": ctx.input.get("edit"), "order": ctx.input.get("order")}

@@ -156,6 +156,22 @@ class StartRunSerializer(serializers.Serializer):
     run_id = serializers.CharField(
         max_length=200, required=False, help_text="Your id for the run (unique); generated if omitted."
     )
+    debounce_seconds = serializers.FloatField(
+        required=False,
+        min_value=0.001,
+        max_value=366 * 86400,
+        help_text="With key: a debounced start. While the run started with this key has not begun, this start "
+        "replaces its input and moves its start to now + debounce_seconds (the same run_id is answered); once it "
+        "has begun, a new run is started.",
+    )
+    key = serializers.CharField(
+        max_length=200, required=False, help_text="The debounce key (with debounce_seconds), e.g. 'order-17'."
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("debounce_seconds" in attrs) != ("key" in attrs):
+            raise serializers.ValidationError("debounce_seconds and key go together: give both or neither")
+        return attrs
 
 
 class DecisionRequestSerializer(serializers.Serializer):

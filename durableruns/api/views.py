@@ -11,6 +11,7 @@ a site that sets nothing gets a safe API, and one whose defaults differ cannot o
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db.models import F, Prefetch
@@ -177,7 +178,8 @@ def escalations_in_full() -> EscalationQuerySet:
     post=dict(
         summary="Start a run of a registered workflow",
         description="Record a pending run (needs durableruns.start_run); a worker's resume_runs executes it. "
-        "A refusal changes nothing.",
+        "A refusal changes nothing. With debounce_seconds and key, a start while the key's run has not begun "
+        "replaces that run's input and moves its start; the answer (201) is that run.",
         request=s.StartRunSerializer,
         responses={
             201: s.RunDetailSerializer,
@@ -220,7 +222,14 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
         data = parse(s.StartRunSerializer, request.data)
         # A workflow out of the caller's scope is not there for them: refused as a name nobody declared.
         startable(data["workflow"], hidden=scopes.hidden_workflows(request.user))
-        run_id = services.start_run(data["workflow"], data["input"], run_id=data.get("run_id"))
+        debounce = data.get("debounce_seconds")
+        run_id = services.start_run(
+            data["workflow"],
+            data["input"],
+            run_id=data.get("run_id"),
+            debounce=None if debounce is None else timedelta(seconds=debounce),
+            key=data.get("key"),
+        )
         run = runs_in_full().get(pk=run_id)
         location = reverse("durableruns-api:run-detail", kwargs={"run_id": run_id})
         return Response(s.RunDetailSerializer(run).data, status=status.HTTP_201_CREATED, headers={"Location": location})

@@ -12,6 +12,7 @@ public names. One module a concept, each below the ones that use it:
     plans        record_plan, plan_of, forget_plans
     children     NewChild, child_exists, start_child; a child's end waking its parent's join (wake_parent)
     runs         create_run, renew, renew_all, release, begin_ending, end, let_go, reopen_runnable, reopen_runs
+    debounce     debounce_run: a start with a key that replaces the run of that key not begun, DEBOUNCED
     claims       claim and its statements (the probes, concurrency limits, a fresh run's first intent), and what
                  a thread's last claim read: next_due_from_last_claim, more_due_after_last_claim, NEXT_DUE
     attempts     record_intent, record_result, record_failure, checkpoint, record_raised
@@ -31,6 +32,7 @@ from durableruns.store.attempts import checkpoint, record_failure, record_intent
 from durableruns.store.base import DATABASE, DEFERRED, ENDED, Claimed, Intent, Lease, wake_workers
 from durableruns.store.children import UNFINISHED, NewChild, child_exists, start_child
 from durableruns.store.claims import claim, more_due_after_last_claim, next_due_from_last_claim, parked_by_last_claim
+from durableruns.store.debounce import DEBOUNCED, debounce_run
 from durableruns.store.marks import (
     SCRATCH_WORKFLOW,
     delete_runs,
@@ -69,6 +71,8 @@ __all__ = [
     "APPROVAL_ACTIONS",
     "DATABASE",
     "DEFERRED",
+    "DEBOUNCED",
+    "debounce_run",
     "ENDED",
     "SCRATCH_WORKFLOW",
     "TEXT_LIMIT",

@@ -36,7 +36,7 @@ CLAIM_PLANNING = "SET LOCAL enable_sort = off;\n"
 # if none will. An idle worker thread waits no longer than that (durableruns.worker.listener).
 NEXT_DUE = """extract(epoch FROM least(
          (SELECT min(wake_at) FROM run_state WHERE status = 'waiting'),
-         (SELECT min(lease_expires_at) FROM run_state WHERE status = 'running')) - now())"""
+         (SELECT min(lease_expires_at) FROM run_state WHERE status = 'running')) - (now() + %(shift)s))"""
 
 # A worker limited to some queues (resume_runs --queue) claims with the same statement plus this filter, as a
 # statement of its own: the default claim keeps its plan, with no parameter that stands for "every queue".
@@ -66,7 +66,8 @@ _WOKEN_FIRST = ("coalesce(w.run_id IS NOT NULL AND (r.run_id IS NULL OR w.priori
                 " OR (w.wake_at = r.created_at AND w.created_at < r.created_at)))), false)")
 
 _TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
-         lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s"""
+         lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s,
+         debounce_key = NULL"""
 _RETURNING = """RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
             trace_context"""
 
@@ -121,7 +122,7 @@ verdict AS MATERIALIZED (
          CASE WHEN c.status = 'running' OR c.concurrency_key IS NULL OR %(limits)s::jsonb ->> c.workflow IS NULL
               THEN true
               ELSE durableruns_admit(c.workflow, c.concurrency_key, (%(limits)s::jsonb ->> c.workflow)::int,
-                                     c.run_id) END AS admitted
+                                     c.run_id, %(shift)s) END AS admitted
     FROM chosen c WHERE c.run_id IS NOT NULL),
 taken AS (
   UPDATE run_state SET status = CASE WHEN v.admitted THEN 'running' ELSE 'waiting' END,
@@ -129,7 +130,8 @@ taken AS (
          epoch = CASE WHEN v.admitted THEN epoch + 1 ELSE epoch END,
          lease_expires_at = CASE WHEN v.admitted THEN now() + %(shift)s + %(lease)s END,
          wake_at = CASE WHEN v.admitted THEN NULL
-                        ELSE durableruns_held_until(v.limited_workflow, v.limited_key, v.run_id) END,
+                        ELSE durableruns_held_until(v.limited_workflow, v.limited_key, v.run_id, %(shift)s) END,
+         debounce_key = CASE WHEN v.admitted THEN NULL ELSE run_state.debounce_key END,
          reason = CASE WHEN v.admitted THEN run_state.reason ELSE '""" + PARKED + """' END,
          updated_at = now() + %(shift)s
     FROM verdict v WHERE run_state.run_id = v.run_id
@@ -331,12 +333,13 @@ def next_due_from_last_claim() -> tuple[bool, float | None]:
     return True, None if seconds is None else float(seconds) - elapsed
 
 
-def admit(*, workflow: str, key: str, limit: int, run: str) -> bool:
+def admit(*, workflow: str, key: str, limit: int, run: str, clock: Clock = DATABASE) -> bool:
     """Whether `run` may take a slot of (workflow, key) under `limit`: durableruns_admit (migration 0019), which
     counts under the key's lock with a snapshot taken after it, as every claim's statement does (_CLAIMED_LIMITED).
     Called in the claiming transaction: the lock is held until it commits."""
     with connections[conf.database()].cursor() as cursor:
-        cursor.execute("SELECT durableruns_admit(%s, %s, %s, %s)", [workflow, key, limit, run])
+        shift: Any = clock.shift  # an interval: psycopg adapts it
+        cursor.execute("SELECT durableruns_admit(%s, %s, %s, %s, %s)", [workflow, key, limit, run, shift])
         (admitted,) = cursor.fetchone()
     return bool(admitted)
 
@@ -476,7 +479,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                                 "trace_context", "status", "concurrency_key").first()
         if row is None:
             return None
-        if run_id is not None and on_postgresql() and not _admitted(row):
+        if run_id is not None and on_postgresql() and not _admitted(row, clock):
             return None
         # Conditional on the epoch read: on a database without row locks (SQLite) this is what keeps two
         # workers from both taking the run.
@@ -487,6 +490,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
             lease_expires_at=clock.expression(timedelta(seconds=lease_seconds)),
             wake_at=None,
             updated_at=clock.expression(),
+            debounce_key=None,  # begun: a debounced start with its key starts a new run from now on
         )
         if not moved:
             return None
@@ -500,7 +504,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
     )
 
 
-def _admitted(row: dict[str, Any]) -> bool:
+def _admitted(row: dict[str, Any], clock: Clock) -> bool:
     """Whether a run named to a claim (resume_runs --run-id) may be taken under its concurrency limit: decided as
     every PostgreSQL claim decides it (durableruns_admit, under its (workflow, key)'s lock, counting with a
     snapshot taken after the lock), so two claims at once never both take the last slot. A running run keeps
@@ -508,4 +512,4 @@ def _admitted(row: dict[str, Any]) -> bool:
     bound = limits().get(row["workflow"])
     if bound is None or row["concurrency_key"] is None or row["status"] == RunStatus.RUNNING:
         return True
-    return admit(workflow=row["workflow"], key=row["concurrency_key"], limit=bound, run=row["run_id"])
+    return admit(workflow=row["workflow"], key=row["concurrency_key"], limit=bound, run=row["run_id"], clock=clock)

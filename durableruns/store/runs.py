@@ -34,7 +34,8 @@ WITH created AS (
   VALUES (%(run)s, %(workflow)s, %(fingerprint)s,
           CASE WHEN %(wake)s::timestamptz IS NULL THEN 'pending' ELSE 'waiting' END, 0, '', 0, NULL,
           %(wake)s::timestamptz, CASE WHEN %(wake)s::timestamptz IS NULL THEN '' ELSE %(deferred)s END,
-          %(input)s::jsonb, %(priority)s, %(queue)s, %(trace)s::jsonb, %(limit_key)s::text, now(), now())
+          %(input)s::jsonb, %(priority)s, %(queue)s, %(trace)s::jsonb, %(limit_key)s::text, now() + %(shift)s,
+          now() + %(shift)s)
   RETURNING run_id)
 SELECT pg_notify('""" + WAKE_CHANNEL + """', '') FROM created
 """
@@ -77,14 +78,14 @@ SELECT run_id FROM fence
 
 def _pg_create_run(*, run: str, workflow: str, fingerprint: str, input: str, trace: str | None = None, priority: int = 0,
                queue: str = "default", wake_at: datetime | None = None, deferred: str = "",
-               concurrency_key: str | None = None) -> None:
+               concurrency_key: str | None = None, shift: timedelta = timedelta(0)) -> None:
     """Record a pending run (`input`, and `trace`, its trace context or None, as JSON text) created at the
     database's now, or a waiting one until `wake_at` (with `deferred` as its reason): the row
     RunState.objects.create writes, without building it through the ORM. A duplicate run_id raises Django's
     IntegrityError."""
     rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input,
                             "trace": trace, "priority": priority, "queue": queue, "wake": wake_at,
-                            "deferred": deferred, "limit_key": concurrency_key})
+                            "deferred": deferred, "limit_key": concurrency_key, "shift": shift})
 
 
 def _pg_renew_all(*, runs: list[str], epochs: list[int], seconds: list[float], shift: timedelta) -> set[str]:
@@ -139,7 +140,7 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
                                  input=to_json(input, what="the input"),
                                  trace=None if trace_context is None else to_json(trace_context, what="the trace"),
                                  priority=priority, queue=queue, wake_at=run_after, deferred=deferred,
-                                 concurrency_key=concurrency_key)
+                                 concurrency_key=concurrency_key, shift=clock.shift)
             else:
                 RunState.objects.create(**fields)
     except IntegrityError:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from durableruns import conf
+from durableruns.clock import moved
 from durableruns.connections import plain_params
 from durableruns.store.claims import NEXT_DUE, next_due_from_last_claim
 from durableruns.store.sql import WAKE_CHANNEL as CHANNEL
@@ -49,7 +50,7 @@ def seconds_until_next_due() -> float | None:
     if known:
         return seconds
     with connections[conf.database()].cursor() as cursor:
-        cursor.execute(_NEXT_DUE)
+        cursor.execute(_NEXT_DUE, {"shift": moved()})  # a test clock's move (durableruns.testing.clock)
         (seconds,) = cursor.fetchone()
     return None if seconds is None else float(seconds)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, DataError, IntegrityError, InterfaceError, connections
 
-from durableruns import conf, store, testing
-from durableruns.clock import Clock
+from durableruns import conf, faults, store
+from durableruns.clock import Clock, idle_poll_seconds
 from durableruns.engine import Engine
 from durableruns.errors import FencedOut
 from durableruns.models import RunStatus
@@ -370,7 +370,7 @@ class WorkerPool:
 
     def _idle_timeout(self, due_in: float | None) -> float:
         left = None if self.deadline is None else self.deadline - time.monotonic()
-        return idle_timeout(due_in, poll=self.idle_seconds, deadline_in=left)
+        return idle_timeout(due_in, poll=min(self.idle_seconds, idle_poll_seconds()), deadline_in=left)
 
     def _work_due(self, engine: Engine, owner: str) -> tuple[bool, float | None]:
         """Claim and work runs until none is due; return whether the budget ran out, and the seconds until the
@@ -469,9 +469,9 @@ _ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 
 def _before_first_intent() -> Callable[[str], None] | None:
     """The fault-injection point before a first intent that rides on the claim; None (no hook) unless armed."""
-    if not testing.armed():
+    if not faults.armed():
         return None
-    return lambda step: testing.reached("before_intent", step)
+    return lambda step: faults.reached("before_intent", step)
 
 
 def set_aside(lease: store.Lease, exc: Exception, clock: Clock, *, refused: bool = False) -> str:
