@@ -161,7 +161,9 @@ def describe(box: StepBox) -> str:
     """One sentence for a box: its name, kind, state and detail, and its child runs' states."""
     look = LOOKS[box.state]
     text = f"{box.name} ({box.kind_label}): {look.label}"
-    if box.detail:
+    if box.detail.startswith(look.label):  # "done at 14:07 (attempt 1)" says its state already
+        text = f"{box.name} ({box.kind_label}): {box.detail}"
+    elif box.detail:
         text += f", {box.detail}"
     if box.children:
         counts: dict[str, int] = {}
@@ -180,7 +182,7 @@ CHILD_X = MARGIN + BOX_W + 56
 CHILD_W, CHILD_H, CHILD_GAP = 290, 24, 6
 JOIN_X = CHILD_X + CHILD_W + 18
 WIDTH = JOIN_X + 14
-LEGEND_COLUMNS, LEGEND_W, LEGEND_ROW = 4, 170, 22
+LEGEND_COLUMNS, LEGEND_W, LEGEND_ROW = 4, 170, 24
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif"
 
 
@@ -217,8 +219,8 @@ def _legend(top: float) -> tuple[list[str], float]:
         x = MARGIN + (n % LEGEND_COLUMNS) * LEGEND_W
         y = top + (n // LEGEND_COLUMNS) * LEGEND_ROW
         out.append(f'<g data-state="{state.value}"><title>{clean(look.label)}</title>'
-                   f'{_shape(x, y, 16, 16, look, radius=3, width=1.4)}{_mark(x + 8, y + 8, 6, look, 9)}'
-                   f'<text x="{x + 22}" y="{y + 8}" dominant-baseline="central">{clean(look.label)}</text></g>')
+                   f'{_shape(x, y, 18, 18, look, radius=3, width=1.4)}{_mark(x + 9, y + 9, 7, look, 10)}'
+                   f'<text x="{x + 24}" y="{y + 9}" dominant-baseline="central">{clean(look.label)}</text></g>')
     out.append("</g>")
     rows = -(-len(State) // LEGEND_COLUMNS)
     return out, top + rows * LEGEND_ROW + 12

@@ -164,6 +164,13 @@ def test_the_longest_step_name_a_child_run_id_fits_wins():
     assert {step: [c.label for c in found] for step, found in kids.items()} == {"a/b": ["k"]}
 
 
+def test_a_detail_that_says_its_state_is_not_said_twice():
+    done = drawing.StepBox(name="quote", kind="re_executable", state=State.DONE, detail="done at 14:07 (attempt 1)")
+    assert drawing.describe(done) == "quote (step \u00b7 re_executable): done at 14:07 (attempt 1)"
+    skipped = replace(done, state=State.SKIPPED, detail="its when= said no")
+    assert drawing.describe(skipped) == "quote (step \u00b7 re_executable): skipped by when=, its when= said no"
+
+
 def test_the_drawing_is_the_same_for_the_same_facts():
     plan = drawing.boxes(PLAN, {"charge": State.FAILED})
     assert drawing.draw(plan, title="t") == drawing.draw(plan, title="t")
