@@ -128,8 +128,9 @@ def step_states(b: Boundary, *, skipped: Collection[str] = (), live: bool = Fals
     return states
 
 
-def child_boxes(parent: str, plan: Sequence[str], children: Iterable[Child],
-                urls: Mapping[str, str] | None = None) -> dict[str, tuple[ChildBox, ...]]:
+def child_boxes(
+    parent: str, plan: Sequence[str], children: Iterable[Child], urls: Mapping[str, str] | None = None
+) -> dict[str, tuple[ChildBox, ...]]:
     """The child runs by the step that started them, read from their run_ids (`<parent>/<step>/<key>`,
     durableruns.children): the longest step name that fits wins. A child no step of the plan names is left out."""
     by_length = sorted(plan, key=len, reverse=True)
@@ -139,20 +140,35 @@ def child_boxes(parent: str, plan: Sequence[str], children: Iterable[Child],
             prefix = f"{parent}/{step}/"
             if child.run_id.startswith(prefix):
                 state = CHILD_STATES.get(child.status, State.REMAINING)
-                found.setdefault(step, []).append(ChildBox(
-                    run_id=child.run_id, label=child.run_id[len(prefix):], status=child.status, state=state,
-                    url=(urls or {}).get(child.run_id, "")))
+                found.setdefault(step, []).append(
+                    ChildBox(
+                        run_id=child.run_id,
+                        label=child.run_id[len(prefix) :],
+                        status=child.status,
+                        state=state,
+                        url=(urls or {}).get(child.run_id, ""),
+                    )
+                )
                 break
     return {step: tuple(found[step]) for step in plan if step in found}
 
 
-def boxes(steps: Iterable[tuple[str, str]], states: Mapping[str, State], *,
-          details: Mapping[str, str] | None = None,
-          children: Mapping[str, tuple[ChildBox, ...]] | None = None) -> tuple[StepBox, ...]:
+def boxes(
+    steps: Iterable[tuple[str, str]],
+    states: Mapping[str, State],
+    *,
+    details: Mapping[str, str] | None = None,
+    children: Mapping[str, tuple[ChildBox, ...]] | None = None,
+) -> tuple[StepBox, ...]:
     """The boxes of a plan (name, kind), in its order, each with its state (remaining where none is given)."""
     return tuple(
-        StepBox(name=name, kind=kind, state=states.get(name, State.REMAINING), detail=(details or {}).get(name, ""),
-                children=(children or {}).get(name, ()))
+        StepBox(
+            name=name,
+            kind=kind,
+            state=states.get(name, State.REMAINING),
+            detail=(details or {}).get(name, ""),
+            children=(children or {}).get(name, ()),
+        )
         for name, kind in steps
     )
 
@@ -199,17 +215,21 @@ def cut(text: str, limit: int) -> str:
 
 def _shape(x: float, y: float, w: float, h: float, look: Look, *, radius: int = 6, width: float = 1.6) -> str:
     dash = f' stroke-dasharray="{look.dash}"' if look.dash else ""
-    rect = (f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="{radius}" fill="{look.fill}" '
-            f'stroke="{look.stroke}" stroke-width="{width}"{dash}/>')
+    rect = (
+        f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="{radius}" fill="{look.fill}" '
+        f'stroke="{look.stroke}" stroke-width="{width}"{dash}/>'
+    )
     if look.hatched:
         rect += f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="{radius}" fill="url(#dr-hatch)"/>'
     return rect
 
 
 def _mark(cx: float, cy: float, r: float, look: Look, size: int) -> str:
-    return (f'<circle cx="{cx}" cy="{cy}" r="{r}" fill="{look.stroke}"/>'
-            f'<text x="{cx}" y="{cy}" text-anchor="middle" dominant-baseline="central" fill="#ffffff" '
-            f'font-size="{size}" font-weight="700" aria-hidden="true">{clean(look.symbol)}</text>')
+    return (
+        f'<circle cx="{cx}" cy="{cy}" r="{r}" fill="{look.stroke}"/>'
+        f'<text x="{cx}" y="{cy}" text-anchor="middle" dominant-baseline="central" fill="#ffffff" '
+        f'font-size="{size}" font-weight="700" aria-hidden="true">{clean(look.symbol)}</text>'
+    )
 
 
 def _legend(top: float) -> tuple[list[str], float]:
@@ -218,9 +238,11 @@ def _legend(top: float) -> tuple[list[str], float]:
         look = LOOKS[state]
         x = MARGIN + (n % LEGEND_COLUMNS) * LEGEND_W
         y = top + (n // LEGEND_COLUMNS) * LEGEND_ROW
-        out.append(f'<g data-state="{state.value}"><title>{clean(look.label)}</title>'
-                   f'{_shape(x, y, 18, 18, look, radius=3, width=1.4)}{_mark(x + 9, y + 9, 7, look, 10)}'
-                   f'<text x="{x + 24}" y="{y + 9}" dominant-baseline="central">{clean(look.label)}</text></g>')
+        out.append(
+            f'<g data-state="{state.value}"><title>{clean(look.label)}</title>'
+            f"{_shape(x, y, 18, 18, look, radius=3, width=1.4)}{_mark(x + 9, y + 9, 7, look, 10)}"
+            f'<text x="{x + 24}" y="{y + 9}" dominant-baseline="central">{clean(look.label)}</text></g>'
+        )
     out.append("</g>")
     rows = -(-len(State) // LEGEND_COLUMNS)
     return out, top + rows * LEGEND_ROW + 12
@@ -237,23 +259,29 @@ def _children(box: StepBox, y: float) -> tuple[list[str], list[float], float]:
         cy = top + n * (CHILD_H + CHILD_GAP)
         look = LOOKS[child.state]
         said = f"child run {child.run_id}: {child.status} ({look.label})"
-        inner = (f'<title>{clean(said)}</title>{_shape(CHILD_X, cy, CHILD_W, CHILD_H, look, radius=4, width=1.3)}'
-                 f'{_mark(CHILD_X + 12, cy + CHILD_H / 2, 8, look, 10)}'
-                 f'<text x="{CHILD_X + 26}" y="{cy + CHILD_H / 2}" dominant-baseline="central" font-size="12">'
-                 f'{clean(cut(child.label, CHILD_CHARS))} \u2014 {clean(child.status)}</text>')
+        inner = (
+            f"<title>{clean(said)}</title>{_shape(CHILD_X, cy, CHILD_W, CHILD_H, look, radius=4, width=1.3)}"
+            f"{_mark(CHILD_X + 12, cy + CHILD_H / 2, 8, look, 10)}"
+            f'<text x="{CHILD_X + 26}" y="{cy + CHILD_H / 2}" dominant-baseline="central" font-size="12">'
+            f"{clean(cut(child.label, CHILD_CHARS))} \u2014 {clean(child.status)}</text>"
+        )
         if child.url:
             inner = f'<a href="{clean(child.url)}">{inner}</a>'
-        out.append(f'<g class="dr-plan-child" data-run="{clean(child.run_id)}" data-state="{child.state.value}" '
-                   f'aria-label="{clean(said)}">{inner}</g>')
+        out.append(
+            f'<g class="dr-plan-child" data-run="{clean(child.run_id)}" data-state="{child.state.value}" '
+            f'aria-label="{clean(said)}">{inner}</g>'
+        )
         middles.append(cy + CHILD_H / 2)
     if more:
         cy = top + len(shown) * (CHILD_H + CHILD_GAP)
         look = LOOKS[State.REMAINING]
         said = f"and {more} more child run{'' if more == 1 else 's'}"
-        out.append(f'<g class="dr-plan-more"><title>{clean(said)}</title>'
-                   f'{_shape(CHILD_X, cy, CHILD_W, CHILD_H, look, radius=4, width=1.0)}'
-                   f'<text x="{CHILD_X + 12}" y="{cy + CHILD_H / 2}" dominant-baseline="central" font-size="12">'
-                   f'{clean(said)}</text></g>')
+        out.append(
+            f'<g class="dr-plan-more"><title>{clean(said)}</title>'
+            f"{_shape(CHILD_X, cy, CHILD_W, CHILD_H, look, radius=4, width=1.0)}"
+            f'<text x="{CHILD_X + 12}" y="{cy + CHILD_H / 2}" dominant-baseline="central" font-size="12">'
+            f"{clean(said)}</text></g>"
+        )
         middles.append(cy + CHILD_H / 2)
     count = len(middles)
     return out, middles, max(BOX_H, count * (CHILD_H + CHILD_GAP) - CHILD_GAP)
@@ -271,8 +299,10 @@ def draw(plan: Sequence[StepBox], *, title: str) -> str:
         mid = y + BOX_H / 2
         said = describe(box)
         if n:
-            body.append(f'<line x1="{MARGIN + BOX_W / 2}" y1="{bottom}" x2="{MARGIN + BOX_W / 2}" y2="{y - 2}" '
-                        f'stroke="#555555" stroke-width="1.5" marker-end="url(#dr-arrow)"/>')
+            body.append(
+                f'<line x1="{MARGIN + BOX_W / 2}" y1="{bottom}" x2="{MARGIN + BOX_W / 2}" y2="{y - 2}" '
+                f'stroke="#555555" stroke-width="1.5" marker-end="url(#dr-arrow)"/>'
+            )
         kind_line = f"{n + 1}. {box.kind_label} \u00b7 {look.label}"
         body.append(
             f'<g class="dr-plan-step" data-step="{clean(box.name)}" data-kind="{clean(box.kind)}" '
@@ -286,17 +316,21 @@ def draw(plan: Sequence[StepBox], *, title: str) -> str:
         if box.children:
             drawn, middles, height = _children(box, y)
             for cmid in middles:
-                body.append(f'<path d="M{MARGIN + BOX_W},{mid} H{CHILD_X - 24} V{cmid} H{CHILD_X - 2}" fill="none" '
-                            f'stroke="#555555" stroke-width="1.2" marker-end="url(#dr-arrow)"/>')
+                body.append(
+                    f'<path d="M{MARGIN + BOX_W},{mid} H{CHILD_X - 24} V{cmid} H{CHILD_X - 2}" fill="none" '
+                    f'stroke="#555555" stroke-width="1.2" marker-end="url(#dr-arrow)"/>'
+                )
             body.extend(drawn)
             hanging.append(tuple(middles))
         if box.kind == "join" and hanging:
             waited = [m for group in hanging for m in group]
             path = "".join(f"M{CHILD_X + CHILD_W},{m} H{JOIN_X} " for m in waited)
-            body.append(f'<path class="dr-plan-join" d="{path}M{JOIN_X},{min(waited)} V{mid} H{MARGIN + BOX_W + 2}" '
-                        f'fill="none" stroke="#555555" stroke-width="1.2" stroke-dasharray="4 3" '
-                        f'marker-end="url(#dr-arrow)"><title>{clean(box.name)} waits for these child runs</title>'
-                        f"</path>")
+            body.append(
+                f'<path class="dr-plan-join" d="{path}M{JOIN_X},{min(waited)} V{mid} H{MARGIN + BOX_W + 2}" '
+                f'fill="none" stroke="#555555" stroke-width="1.2" stroke-dasharray="4 3" '
+                f'marker-end="url(#dr-arrow)"><title>{clean(box.name)} waits for these child runs</title>'
+                f"</path>"
+            )
             hanging = []
         bottom = y + BOX_H
         y += height + GAP
