@@ -312,7 +312,7 @@ def draw(plan: Sequence[StepBox], *, title: str) -> str:
             f'<text x="{MARGIN + 42}" y="{y + 35}" font-size="11" fill="#444444">{clean(cut(kind_line, 46))}</text>'
             f"</g>"
         )
-        height = BOX_H
+        height: float = BOX_H
         if box.children:
             drawn, middles, height = _children(box, y)
             for cmid in middles:
