@@ -143,6 +143,17 @@ def test_a_child_run_out_of_the_users_scope_is_not_drawn(settings):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_run_whose_plan_is_not_recorded_is_drawn_from_the_steps_it_attempted(as_viewer):
+    run_id = make_run("scripted", run_id="drawn-ghost")
+    complete(run_id, "first", {"ok": 1})
+    crash_after_intent(run_id, "second", attempt=1, cursor=1)
+    RunState.objects.filter(pk=run_id).update(plan_fingerprint="0123456789abcdef")
+    root = drawn(page_of(as_viewer, run_id))
+    assert states(root) == {"first": "done", "second": "in_doubt"}
+    assert {g.get("data-kind") for g in root.iter(f"{SVG}g") if g.get("class") == "dr-plan-step"} == {""}
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_step_name_from_users_code_is_escaped_on_the_page(as_viewer, monkeypatch):
     evil = "<script>alert(1)</script>&co"
     run_id = completed("drawn-evil")
