@@ -43,6 +43,7 @@ from durableruns.admin.display import (
     zone_badge,
     zone_detail,
 )
+from durableruns.admin.drawing import plan_drawing
 from durableruns.admin.forms import ApprovalForm, NoteForm
 from durableruns.boundary import Zone
 from durableruns.errors import DurableRunsError
@@ -316,6 +317,7 @@ class RunStateAdmin(ReadOnlyRecord):
                         "consumed_at": e.consumed_at, "consumed_step": e.consumed_step,
                         "consumed_attempt": e.consumed_attempt} for e in run.events.order_by("sent_at", "id")],
             **family(run, request.user),
+            **plan_drawing(run, rows, boundary, request.user),
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
             # Staff who may not decide still read an escalation: the link says "read it", not "decide it".

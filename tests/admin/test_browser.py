@@ -18,9 +18,10 @@ from django.core.management import call_command
 from django.db import connections
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+import durableruns
 from durableruns import services
 from durableruns.models import Escalation, Intervention, RunState, RunStatus
-from tests.admin.users import OPERATE, staff
+from tests.admin.users import OPERATE, VIEW, staff
 from tests.admin.records import purchase_in_doubt
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -128,3 +129,46 @@ def test_staff_decide_an_in_doubt_notify_buyer_and_see_the_run_completed(live_se
     assert "PO-2026-0039 has shipped" in subjects  # the completed run's email: the ledger is read right
     assert "PO-2026-0041 has shipped" not in subjects  # decided as happened: not sent (again) by the resume
 
+
+
+def test_a_run_page_draws_its_plan_box_for_box_with_its_child_runs(live_server, far, browser: Browser):
+    # The demo's full purchase order with three warehouses, at its join: shipments booked as child runs, one done.
+    run_id = services.start_run("full_purchase_order", {"reference": "PO-2026-0042", "buyer": "Quay Bakery",
+                                                        "line_count": 6,
+                                                        "warehouses": ["Rotterdam", "Hamburg", "Antwerp"]},
+                                run_id="PO-2026-0042")
+    services.resume_due(run_id=run_id)
+    durableruns.send(run_id, "supplier_confirmed", {"backorder": False}, key="m-42")
+    services.resume_due(run_id=run_id)
+    services.resume_due(run_id=f"{run_id}/book_shipments/Antwerp")
+    plan = services.plan_of(RunState.objects.get(pk=run_id))
+    assert plan is not None and services.run_boundary(run_id).waiting == {"shipments_booked": "join"}
+    staff("viola", *VIEW)
+    page = browser.new_page(viewport={"width": 1366, "height": 900})
+    page.add_init_script("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
+    page.set_default_timeout(10_000)
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/durableruns/runstate/{run_id}/change/")
+    page.fill("#id_username", "viola")
+    page.fill("#id_password", "pw-viola-9f3")
+    page.click("input[type=submit]")
+
+    picture = page.locator("#dr-plan svg.dr-plan")
+    expect(picture).to_be_visible()
+    expect(picture.locator("g.dr-plan-step")).to_have_count(len(plan))
+    expect(picture.locator("g.dr-plan-child")).to_have_count(3)
+    expect(picture.locator("g.dr-plan-step[data-step=shipments_booked]")).to_have_attribute("data-state", "waiting")
+    expect(picture.locator("g.dr-plan-step[data-step=manager_approval]")).to_have_attribute("data-state", "skipped")
+    expect(picture.locator("g.dr-plan-child[data-state=done]")).to_have_count(1)
+    box = picture.bounding_box()
+    assert box is not None and box["width"] > 600 and box["height"] > 9 * 46  # drawn, not collapsed
+    steps = picture.locator("g.dr-plan-step").evaluate_all("gs => gs.map(g => g.getBoundingClientRect().top)")
+    assert steps == sorted(steps)  # in plan order, top to bottom
+    expect(page.get_by_role("img", name=f"The plan of run {run_id} (full_purchase_order)")).to_be_visible()
+    page.locator("#dr-plan summary").click()
+    expect(page.locator("#dr-plan li[data-step=shipments_booked]")).to_contain_text("join: waits for its child runs")
+    folders = [Path(os.environ.get("SCREENSHOT_DIR") or ROOT / "test-artifacts" / "screenshots")]
+    if os.environ.get("UPDATE_DOCS_SCREENSHOTS") == "1":
+        folders.append(ROOT / "docs" / "_static")
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        page.locator("#dr-plan").screenshot(path=str(folder / "plan-drawn.png"))

@@ -11,7 +11,7 @@ import django
 from tests.conftest import ROOT
 
 STRICT = ["durableruns/boundary.py", "durableruns/policies.py", "durableruns/errors.py", "durableruns/encoding.py",
-          "durableruns/store", "durableruns/tradeoff.py", "durableruns/rates.py"]
+          "durableruns/store", "durableruns/tradeoff.py", "durableruns/rates.py", "durableruns/drawing.py"]
 # One cache per Django (and so per django-stubs): the two lanes of bin/test do not overwrite each other's.
 CACHE = str(ROOT / ".mypy_cache" / f"django-{django.__version__}")
 
