@@ -48,8 +48,9 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
     waits_for_turn = run.status == RunStatus.WAITING and run.reason.startswith(WAITING_FOR_TURN)
     turns = store.waiting_turns(run.run_id) if waits_for_turn else None  # no query for any other run
     debounced = run.wake_at if run.debounce_key is not None and run.reason == store.DEBOUNCED else None
-    return replace(compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status,
-                   debounced_until=debounced)
+    return replace(
+        compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status, debounced_until=debounced
+    )
 
 
 def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:
