@@ -50,7 +50,8 @@ def seconds_until_next_due() -> float | None:
     if known:
         return seconds
     with connections[conf.database()].cursor() as cursor:
-        cursor.execute(_NEXT_DUE, {"shift": moved()})  # a test clock's move (durableruns.testing.clock)
+        shift: dict[str, Any] = {"shift": moved()}  # a test clock's move (durableruns.testing.clock): an interval
+        cursor.execute(_NEXT_DUE, shift)
         (seconds,) = cursor.fetchone()
     return None if seconds is None else float(seconds)
 

@@ -129,3 +129,15 @@ def test_a_burst_of_twenty_starts_runs_once_about_the_debounce_after_the_last(wo
     second = durableruns.start("requote", {"edit": 20}, debounce=timedelta(seconds=3), key="order-17")
     assert second != run_id
     assert RunState.objects.filter(workflow="requote").count() == 2
+
+
+def test_a_run_that_began_and_waits_again_is_not_replaced():
+    """A run begun and now asleep (waiting, like a run not begun) keeps its input: the claim that began it let go
+    of its key, so the next start with the key is a new run."""
+    first = durableruns.start("sleeper", {"seconds": 3600, "edit": 1}, debounce=timedelta(seconds=1), key="nap-1")
+    services.resume_due(clock=Clock(shift=timedelta(seconds=2)))
+    assert RunStep.objects.filter(run_id=first, step="nap").exists()
+    assert RunState.objects.get(pk=first).status == RunStatus.WAITING
+    second = durableruns.start("sleeper", {"seconds": 3600, "edit": 2}, debounce=timedelta(seconds=1), key="nap-1")
+    assert second != first
+    assert RunState.objects.get(pk=first).input["edit"] == 1
