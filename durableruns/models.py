@@ -84,7 +84,8 @@ class RunState(models.Model):
                   "it; NULL for a run started otherwise. A join of the parent waits until its children end.")
     restarted_from = models.CharField(
         max_length=200, null=True, blank=True,
-        help_text="The run this one restarts (durableruns.restart), recorded with it; NULL for a run started otherwise.")
+        help_text="The run this one restarts (durableruns.restart), recorded with it; NULL for a run started "
+                  "otherwise.")
     restarted_step = models.CharField(
         max_length=200, blank=True, default="", db_default="",
         help_text="The step a restarted run was restarted from: the steps before it were copied from the source.")

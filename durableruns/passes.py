@@ -144,7 +144,7 @@ class Pass:
 
     @property
     def key_base(self) -> str:
-        """The run id its steps' effect keys are named after: its own, or a restart's original (durableruns.restarts)."""
+        """The run id its steps' effect keys are named after: its own, or a restart's original (restarts.py)."""
         return self.claimed.key_run_id or self.claimed.lease.run_id
 
 
