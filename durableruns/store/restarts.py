@@ -18,6 +18,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from durableruns import conf, signals
+from durableruns.encoding import storable
 from durableruns.errors import DuplicateRun, InvalidInput, RunNotActionable, RunNotFound
 from durableruns.models import Intervention, Resolution, RunState, RunStatus, RunStep, StepStatus
 from durableruns.plans import Plan
@@ -68,7 +69,7 @@ def record_restart(source_id: str, *, run_id: str, plan: Plan, from_step: str, r
                 cursor=start, input=source.input, priority=source.priority, queue=source.queue,
                 concurrency_key=concurrency_key, restarted_from=source_id, restarted_step=from_step,
                 key_run_id=source.key_run_id or source_id, created_at=now, updated_at=now,
-                reason=f"restart by {decided_by} of {source_id} from {from_step}: {note}"[:2000],
+                reason=storable(f"restart by {decided_by} of {source_id} from {from_step}: {note}"),
             )
             rows = [RunStep(run_id=run_id, status=StepStatus.COMPLETED, resolution=Resolution.COPIED,
                             owner=f"copied from {source_id}"[:200], **{f: getattr(a, f) for f in _COPIED})
