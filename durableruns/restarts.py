@@ -17,6 +17,9 @@ from durableruns.reading import get_run
 from durableruns.registry import get_workflow
 from durableruns.store.restarts import record_restart
 
+# The runs that can be restarted: those that have ended (the store checks it again under the source's row lock).
+RESTARTABLE = store.ENDED
+
 
 def restart(run_id: str, from_step: str, *, by: Any, note: str, bulk_id: str | None = None) -> str:
     """Start a new run restarting the ended run `run_id` from `from_step`; return its run_id.

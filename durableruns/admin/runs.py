@@ -44,6 +44,7 @@ from durableruns.admin.display import (
     zone_detail,
 )
 from durableruns.admin.forms import ApprovalForm, NoteForm
+from durableruns.admin.restarts import restart_context, restart_url, restart_view
 from durableruns.boundary import Zone
 from durableruns.errors import DurableRunsError
 from durableruns.models import (
@@ -152,7 +153,10 @@ class RunStateAdmin(ReadOnlyRecord):
     def get_urls(self) -> list[Any]:
         approvals = path("approvals/", self.admin_site.admin_view(self.approvals_view),
                          name="durableruns_approvals")
-        return [approvals, *super().get_urls()]
+        restart = path("restart/<str:step>/<path:object_id>/", self.admin_site.admin_view(
+            services.non_atomic_requests(lambda request, **kw: restart_view(self, request, **kw))),
+            name="durableruns_runstate_restart")
+        return [approvals, restart, *super().get_urls()]
 
     # -- the approval queue: runs waiting for a person's yes or no, beside the escalation queue
 
@@ -302,6 +306,7 @@ class RunStateAdmin(ReadOnlyRecord):
                 "policy": policy.value if policy else "unknown",
                 "escalation": open_by_step.get(name) if zone is Zone.IN_DOUBT else None,
                 "attempts": [attempt_row(r) for r in by_step.get(name, [])],
+                "restart_url": restart_url(run.run_id, name) if name in boundary.plan else "",
             })
         outlived = services.outlived_timeout(run, boundary, now=timezone.now())
         return {
@@ -316,6 +321,7 @@ class RunStateAdmin(ReadOnlyRecord):
                         "consumed_at": e.consumed_at, "consumed_step": e.consumed_step,
                         "consumed_attempt": e.consumed_attempt} for e in run.events.order_by("sent_at", "id")],
             **family(run, request.user),
+            **restart_context(run, request.user),
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
             # Staff who may not decide still read an escalation: the link says "read it", not "decide it".
