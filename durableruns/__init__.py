@@ -21,8 +21,19 @@ if TYPE_CHECKING:
     from durableruns.models import Intervention
     from durableruns.schedules import Schedule
 
-__all__ = ["Workflow", "Rejected", "start", "send", "result", "boundary", "decide", "adopt_plan", "restart", "schedule",
-           "errors"]
+__all__ = [
+    "Workflow",
+    "Rejected",
+    "start",
+    "send",
+    "result",
+    "boundary",
+    "decide",
+    "adopt_plan",
+    "restart",
+    "schedule",
+    "errors",
+]
 
 
 def start(workflow_name: str, input: Any, run_id: str | None = None, *, priority: int = 0) -> str:

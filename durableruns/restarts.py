@@ -37,11 +37,18 @@ def restart(run_id: str, from_step: str, *, by: Any, note: str, bulk_id: str | N
     plan = workflow.as_plan()
     new_id = f"{workflow.name}-{uuid.uuid4().hex[:12]}"
     return record_restart(
-        run_id, run_id=new_id, plan=plan, from_step=from_step,
+        run_id,
+        run_id=new_id,
+        plan=plan,
+        from_step=from_step,
         resolvable=[s.name for s in workflow.steps if s.policy is Policy.RESOLVABLE and s.wait is None],
         acquisitions=[(a.step, a.release_step) for a in workflow.acquisitions()],
-        concurrency_key=workflow.limit_key(source.input), decided_by=decided_by, user_id=user_id,
-        note=store.storable(note.strip(), limit=2000), bulk_id=bulk_id)
+        concurrency_key=workflow.limit_key(source.input),
+        decided_by=decided_by,
+        user_id=user_id,
+        note=store.storable(note.strip(), limit=2000),
+        bulk_id=bulk_id,
+    )
 
 
 def who(by: Any) -> tuple[str, int | None]:
