@@ -86,6 +86,8 @@ def test_a_step_the_source_never_reached_is_called_under_the_sources_key(far):
     new = durableruns.restart(run_id, "prepare", by="ops", note="go after all")
     assert services.resume_due(run_id=new).counts() == {"completed": 1}
     steps = rows(new)
+    # prepare's intent rode on the claim (PostgreSQL): the claim names it after the source too
+    assert [r.effect_key for r in steps["prepare"]] == [f"{run_id}:prepare"]
     assert [r.effect_key for r in steps["charge"]] == [f"{run_id}:charge"]
     assert steps["charge"][0].resolution == Resolution.RETURNED
     assert far.payments.effects(f"{run_id}:charge") and far.payments.count() == 1
@@ -151,3 +153,21 @@ def test_the_bulk_id_is_recorded_on_both_acts(far, completed):
     new = restart(completed, "ship", by="ops", note="bulk", bulk_id="b-1")
     assert Intervention.objects.get(run_id=completed, action="restart").result["bulk_id"] == "b-1"
     assert Intervention.objects.get(run_id=new, action="restart").result["bulk_id"] == "b-1"
+
+
+def test_what_the_source_gave_back_is_acquired_again_under_keys_of_its_own(far):
+    # pay is refused on every attempt: the run fails, and gives back both holdings (lock and reserve)
+    run_id = make_run("holding", {"pay": "reject"})
+    services.resume_due(run_id=run_id)
+    source = RunState.objects.get(pk=run_id)
+    assert source.status == RunStatus.FAILED, source.reason
+    held_before = far.warehouse.count()
+    new = durableruns.restart(run_id, "pay", by="ops", note="pay again once the fix is out")
+    services.resume_due(run_id=new)
+    steps = rows(new)
+    # the copied holdings and their releases say so; each is acquired again under round 2's key, not the source's
+    assert [(r.attempt, r.resolution) for r in steps["lock"]][0] == (1, Resolution.COPIED)
+    assert steps["lock"][-1].effect_key == f"{run_id}:lock#2" and steps["lock"][-1].status == "completed"
+    assert steps["reserve"][-1].effect_key == f"{run_id}:reserve#2"
+    assert far.warehouse.count() > held_before
+    assert far.warehouse.duplicates() == {}
