@@ -171,3 +171,29 @@ def test_what_the_source_gave_back_is_acquired_again_under_keys_of_its_own(far):
     assert steps["reserve"][-1].effect_key == f"{run_id}:reserve#2"
     assert far.warehouse.count() > held_before
     assert far.warehouse.duplicates() == {}
+
+
+FAST = {"TEST_LOOKUP_LAG": "0.3", "TEST_STEP_TIMEOUT": "0.2", "DURABLERUNS_RETRY_BACKOFF_SECONDS": "0"}
+
+
+@pytest.mark.postgres
+def test_in_real_workers_a_charge_whose_worker_was_killed_is_found_by_the_restart_not_made_again(
+        far, workers, tmp_path):
+    import signal
+
+    run_id = make_run("order")
+    # the worker charges, then is SIGKILLed before it records the result: the charge is in doubt in the source
+    crashed = workers.run("--lease", "0.5", **FAST, DURABLERUNS_CRASH_AT="charge@after_effect",
+                          DURABLERUNS_CRASH_MARKER=str(tmp_path / "crashed"))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    assert far.payments.count() == 1
+    services.cancel_run(run_id, by="ops", note="stopped while the provider was checked")
+    new = durableruns.restart(run_id, "prepare", by="ops", note="go after all")
+    done = workers.run("--lease", "5", **FAST)
+    assert done.returncode == 0, done.stderr
+    assert RunState.objects.get(pk=new).status == RunStatus.COMPLETED, RunState.objects.get(pk=new).reason
+    charge = rows(new)["charge"]
+    assert [(r.status, r.resolution, r.effect_key) for r in charge] == [
+        ("completed", Resolution.LOOKUP, f"{run_id}:charge")]
+    assert far.payments.counts_by_key() == {f"{run_id}:charge": 1}  # one charge per key: no second call
+    assert far.carrier.counts_by_key() == {f"{run_id}:ship": 1}  # never reached by the source: called once
