@@ -142,7 +142,7 @@ class RunStateAdmin(ReadOnlyRecord):
         # Whoever may act on runs (cancel, retry, decide their escalations) must be able to see them.
         return (super().has_view_permission(request, obj) or self.has_cancel_permission(request)
                 or self.has_retry_permission(request) or request.user.has_perm("durableruns.decide_escalation")
-                or self.has_adopt_plan_permission(request))
+                or self.has_adopt_plan_permission(request) or request.user.has_perm("durableruns.restart_run"))
 
     def has_adopt_plan_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durableruns.adopt_plan")
