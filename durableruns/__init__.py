@@ -22,7 +22,19 @@ if TYPE_CHECKING:
     from durableruns.models import Intervention
     from durableruns.schedules import Schedule
 
-__all__ = ["Workflow", "Rejected", "start", "send", "result", "boundary", "decide", "adopt_plan", "schedule", "errors"]
+__all__ = [
+    "Workflow",
+    "Rejected",
+    "start",
+    "send",
+    "result",
+    "boundary",
+    "decide",
+    "adopt_plan",
+    "restart",
+    "schedule",
+    "errors",
+]
 
 
 def start(
@@ -83,6 +95,15 @@ def adopt_plan(run_id: str, *, by: Any, note: str) -> Intervention:
     from durableruns import services
 
     return services.adopt_plan(run_id, by=by, note=note)
+
+
+def restart(run_id: str, from_step: str, *, by: Any, note: str) -> str:
+    """Start a new run of an ended run's workflow and input from `from_step`, under this deploy's plan; return its
+    run_id. The steps before it are copied with the source's results; from it on every step keeps the source's
+    effect key, and a resolvable step the source attempted is looked up by that key before it is called."""
+    from durableruns import restarts
+
+    return restarts.restart(run_id, from_step, by=by, note=note)
 
 
 def schedule(

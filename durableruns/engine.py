@@ -293,7 +293,7 @@ class Engine:
             error = f"{raised}{describe(exc)}"  # which question raised: a when= is asked again, a time not
         attempt = state.next_attempt(step)
         store.record_failure(state.lease, step=step.name, attempt=attempt, error=error, clock=self.clock,
-                             intent_recorded=False, effect_key=effect_key(state.run_id, step.name))
+                             intent_recorded=False, effect_key=effect_key(state.key_base, step.name))
         counts = state.tally(step.name)  # from the record as it was read, then counted in the pass
         state.attempts.append(StepAttempt(step=step.name, attempt=attempt, status="failed", error=error))
         counts[0] += 1
@@ -314,7 +314,7 @@ class Engine:
             attempt = state.next_attempt(step)
             store.record_result(state.lease, step=step.name, attempt=attempt, result=None, cursor=index + 1,
                                 clock=self.clock, resolution=Resolution.SKIPPED, intent_recorded=False,
-                                effect_key=effect_key(state.run_id, step.name))
+                                effect_key=effect_key(state.key_base, step.name))
             state.attempts.append(StepAttempt(step=step.name, attempt=attempt, status="completed"))
             state.results[step.name] = None
         return applies
@@ -449,7 +449,7 @@ class Engine:
 
     def _fresh_intent(self, state: Pass, step: Step, index: int, *, attempt: int,
                       restored: StepAttempt | None = None) -> Intent:
-        key = effect_key(state.run_id, step.name)
+        key = effect_key(state.key_base, step.name)
         if step.releaser is not None:  # an acquisition made again after it was given back has a key of its own
             key = round_key(key, acquisition_round(step.acquisition(), state.attempts))
         return Intent(

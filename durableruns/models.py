@@ -41,6 +41,7 @@ class Resolution(models.TextChoices):
     TIMER = "timer", "its wake time came"
     TIMEOUT = "timeout", "timed out, and went on"
     CHILDREN = "children", "its child runs ended"
+    COPIED = "copied", "copied from the run it restarts"
 
 
 # The runs a debounced start may still replace: started with a key, not begun, not ended (store.debounce).
@@ -89,6 +90,17 @@ class RunState(models.Model):
         max_length=200, null=True, blank=True,
         help_text="The key of a debounced start (start(debounce=, key=)) while the run has not begun: a start with "
                   "the same key replaces its input and moves its start. Cleared by the claim that begins it.")
+    restarted_from = models.CharField(
+        max_length=200, null=True, blank=True,
+        help_text="The run this one restarts (durableruns.restart), recorded with it; NULL for a run started "
+                  "otherwise.")
+    restarted_step = models.CharField(
+        max_length=200, null=True, blank=True,
+        help_text="The step a restarted run was restarted from: the steps before it were copied from the source.")
+    key_run_id = models.CharField(
+        max_length=200, null=True, blank=True,
+        help_text="The run whose effect keys this one's steps keep (a restart's original, through every restart of "
+                  "a restart); NULL: its own run_id.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     alerted_at = models.DateTimeField(
@@ -107,6 +119,7 @@ class RunState(models.Model):
             ("cancel_run", "Can cancel runs"),
             ("retry_run", "Can retry failed runs"),
             ("adopt_plan", "Can move runs to the current plan"),
+            ("restart_run", "Can restart runs from a step"),
         ]
         indexes = [
             # Only runs a worker may still take are indexed, so claiming stays flat however many runs finished;
@@ -340,6 +353,7 @@ class Intervention(models.Model):
         ADOPT_PLAN = "adopt_plan", "move the run to the current plan"
         APPROVE = "approve", "approve"
         REJECT = "reject", "reject"
+        RESTART = "restart", "restart the run from a step"
 
     run = models.ForeignKey(RunState, on_delete=models.CASCADE, related_name="interventions")
     escalation = models.OneToOneField(

@@ -115,7 +115,7 @@ class Pass:
             step=step.name,
             input=self.claimed.input,
             results=self.results,
-            effect_key=effect_key(self.run_id, step.name),
+            effect_key=effect_key(self.key_base, step.name),
             attempt=attempt,
             timeout=step_timeout(step),
         )
@@ -141,6 +141,11 @@ class Pass:
     @property
     def run_id(self) -> str:
         return self.claimed.lease.run_id
+
+    @property
+    def key_base(self) -> str:
+        """The run id its steps' effect keys are named after: its own, or a restart's original (restarts.py)."""
+        return self.claimed.key_run_id or self.claimed.lease.run_id
 
 
 class Stop(Exception):

@@ -119,7 +119,7 @@ def _release_one(
 ) -> bool:
     """Bring the release of one held acquisition to completed, from wherever its record stands; False if staff
     abandoned it (the hold stays listed, the run goes on with its other releases)."""
-    key = round_key(effect_key(state.run_id, release.name), release_round(acquisition.acquisition(), attempts))
+    key = round_key(effect_key(state.key_base, release.name), release_round(acquisition.acquisition(), attempts))
     mine = sorted((a for a in attempts if a.step == release.name), key=lambda a: a.attempt)
     last = mine[-1] if mine else None
     # Failures count again after staff said an escalated release did not happen, and for each new holding: the

@@ -65,7 +65,7 @@ def wait_move(driver: Driver, state: Pass, step: Step, index: int, latest: StepA
         ),
     )
     attempt = state.next_attempt(step) if move.fresh or begun is None else begun.attempt
-    key = effect_key(state.run_id, step.name)
+    key = effect_key(state.key_base, step.name)
     kind = waits.Move
     if move.move in (kind.BEGIN, kind.WAIT):
         store.wait(

@@ -45,6 +45,7 @@ from durableruns.admin.display import (
 )
 from durableruns.admin.drawing import plan_drawing
 from durableruns.admin.forms import ApprovalForm, NoteForm
+from durableruns.admin.restarts import restart_context, restart_url, restart_view
 from durableruns.boundary import Zone
 from durableruns.errors import DurableRunsError
 from durableruns.models import (
@@ -142,7 +143,7 @@ class RunStateAdmin(ReadOnlyRecord):
         # Whoever may act on runs (cancel, retry, decide their escalations) must be able to see them.
         return (super().has_view_permission(request, obj) or self.has_cancel_permission(request)
                 or self.has_retry_permission(request) or request.user.has_perm("durableruns.decide_escalation")
-                or self.has_adopt_plan_permission(request))
+                or self.has_adopt_plan_permission(request) or request.user.has_perm("durableruns.restart_run"))
 
     def has_adopt_plan_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durableruns.adopt_plan")
@@ -153,7 +154,10 @@ class RunStateAdmin(ReadOnlyRecord):
     def get_urls(self) -> list[Any]:
         approvals = path("approvals/", self.admin_site.admin_view(self.approvals_view),
                          name="durableruns_approvals")
-        return [approvals, *super().get_urls()]
+        restart = path("restart/<str:step>/<path:object_id>/", self.admin_site.admin_view(
+            services.non_atomic_requests(lambda request, **kw: restart_view(self, request, **kw))),
+            name="durableruns_runstate_restart")
+        return [approvals, restart, *super().get_urls()]
 
     # -- the approval queue: runs waiting for a person's yes or no, beside the escalation queue
 
@@ -303,6 +307,7 @@ class RunStateAdmin(ReadOnlyRecord):
                 "policy": policy.value if policy else "unknown",
                 "escalation": open_by_step.get(name) if zone is Zone.IN_DOUBT else None,
                 "attempts": [attempt_row(r) for r in by_step.get(name, [])],
+                "restart_url": restart_url(run.run_id, name) if name in boundary.plan else "",
             })
         outlived = services.outlived_timeout(run, boundary, now=timezone.now())
         return {
@@ -318,6 +323,7 @@ class RunStateAdmin(ReadOnlyRecord):
                         "consumed_attempt": e.consumed_attempt} for e in run.events.order_by("sent_at", "id")],
             **family(run, request.user),
             **plan_drawing(run, rows, boundary, request.user),
+            **restart_context(run, request.user),
             "can_cancel": self.has_cancel_permission(request) and run.status in CANCELLABLE,
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
             # Staff who may not decide still read an escalation: the link says "read it", not "decide it".

@@ -71,6 +71,11 @@ class CanRetryRuns(_ModelPermission):
     message = "Retrying a run needs the permission durableruns.retry_run."
 
 
+class CanRestartRuns(_ModelPermission):
+    perm = "durableruns.restart_run"
+    message = "Restarting a run needs the permission durableruns.restart_run."
+
+
 class CanAdoptPlan(_ModelPermission):
     perm = "durableruns.adopt_plan"
     message = "Moving a run to the current plan needs the permission durableruns.adopt_plan."

@@ -232,6 +232,17 @@ class StaffNoteSerializer(serializers.Serializer):
     note = serializers.CharField(help_text="Why: what was checked, and where. Required.")
 
 
+class RestartRequestSerializer(serializers.Serializer):
+    """POST /api/runs/{run_id}/restart/: the step to restart from, and why."""
+
+    from_step = serializers.CharField(max_length=200, help_text="A step of the plan: the steps before it are copied.")
+    note = serializers.CharField(help_text="Why: what was fixed or checked. Required.")
+
+
+class RestartedSerializer(serializers.Serializer):
+    run_id = serializers.CharField(help_text="The new run's id.")
+
+
 class RunFilterSerializer(serializers.Serializer):
     """Query parameters of GET /api/runs/; blank ones are ignored."""
 
@@ -453,6 +464,9 @@ class RunDetailSerializer(RunSerializer):
             "input",
             "parent",
             "children",
+            "restarted_from",
+            "restarted_step",
+            "key_run_id",
             "boundary",
             "ending",
             "holdings",

@@ -85,6 +85,7 @@ urlpatterns: list[URLPattern] = [
     # before the detail: a run_id may contain "/", so the detail's pattern would match these paths too
     path("runs/<run_id:run_id>/cancel/", views.CancelRun.as_view(), name="run-cancel"),
     path("runs/<run_id:run_id>/retry/", views.RetryRun.as_view(), name="run-retry"),
+    path("runs/<run_id:run_id>/restart/", views.RestartRun.as_view(), name="run-restart"),
     path("runs/<run_id:run_id>/adopt_plan/", views.AdoptPlan.as_view(), name="run-adopt-plan"),
     path("runs/<run_id:run_id>/events/", views.SendEvent.as_view(), name="run-events"),
     path("runs/<run_id:run_id>/decide/", views.DecideApproval.as_view(), name="run-decide"),

@@ -28,7 +28,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from durableruns import conf, scopes, services
+from durableruns import conf, restarts, scopes, services
 from durableruns.api import authentication  # noqa: F401  (registers the session scheme for the schema)
 from durableruns.api import serializers as s
 from durableruns.api.pagination import KeysetPagination
@@ -37,6 +37,7 @@ from durableruns.api.permissions import (
     CanCancelRuns,
     CanDecideApprovals,
     CanDecideEscalations,
+    CanRestartRuns,
     CanRetryRuns,
     CanSendEvents,
     CanStartRuns,
@@ -436,6 +437,38 @@ class AdoptPlan(_StaffAct):
 
     def perform(self, run_id: str, *, by: Any, note: str) -> None:
         services.adopt_plan(run_id, by=by, note=note)
+
+
+@document(
+    post=dict(
+        summary="Restart an ended run from a step",
+        description="Needs durableruns.restart_run. A new run of the same workflow and input under this deploy's "
+        "plan: the steps before from_step copied with the source's results, every step from it on keeping the "
+        "source's effect key (a resolvable step the source attempted is looked up by that key first). Recorded "
+        "on both runs as an intervention with who, when and the note.",
+        request=s.RestartRequestSerializer,
+        parameters=[OpenApiParameter("run_id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The run's id.")],
+        responses={
+            201: s.RestartedSerializer,
+            400: BAD_REQUEST,
+            401: NOT_AUTHENTICATED,
+            403: NOT_ALLOWED,
+            404: OpenApiResponse(s.ErrorSerializer, description="No run has that run_id (run_not_found)."),
+            409: OpenApiResponse(s.ConflictSerializer, description="The run has not ended (run_not_actionable)."),
+        },
+    ),
+    get=dict(exclude=True),
+)
+class RestartRun(_StaffAct):
+    """POST restarts an ended run from a step (durableruns.restart); 201 with the new run's id."""
+
+    act = "restart"
+    needs = (CanViewRuns, CanRestartRuns)
+
+    def post(self, request: Request, run_id: str) -> Response:
+        data = parse(s.RestartRequestSerializer, request.data)
+        new = restarts.restart(run_id, data["from_step"], by=request.user, note=data["note"])
+        return Response({"run_id": new}, status=status.HTTP_201_CREATED)
 
 
 @document(

@@ -54,6 +54,7 @@ class Claimed:
     first_intent: Intent | None = None  # the first step's intent, when it rode on the claim's commit
     ending: str = ""  # set while the run gives back what it holds: the status it reaches afterwards
     trace_context: dict[str, str] | None = None  # the trace the run continues (durableruns.tracing)
+    key_run_id: str | None = None  # the run whose effect keys its steps keep (a restart's original), if not its own
 
 
 @dataclass(frozen=True, kw_only=True)

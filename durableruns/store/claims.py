@@ -69,7 +69,7 @@ _TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = e
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s,
          debounce_key = NULL"""
 _RETURNING = """RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
-            trace_context"""
+            trace_context, key_run_id"""
 
 # Without concurrency limits in this deploy: take the chosen run.
 _CLAIMED = """
@@ -136,7 +136,7 @@ taken AS (
          updated_at = now() + %(shift)s
     FROM verdict v WHERE run_state.run_id = v.run_id
   RETURNING run_state.run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
-            trace_context, v.admitted),
+            trace_context, key_run_id, v.admitted),
 claimed AS (SELECT * FROM taken WHERE admitted),
 parked AS (SELECT run_id FROM taken WHERE NOT admitted),"""
 
@@ -146,7 +146,7 @@ _CLAIM_TEMPLATE = """{claimed}
 first AS (
   INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, finished_at, result,
                         error, resolution, owner, epoch, loop_cursor, progress)
-  SELECT c.run_id, f.step, 1, 'started', c.run_id || ':' || f.step, now() + %(shift)s,
+  SELECT c.run_id, f.step, 1, 'started', coalesce(c.key_run_id, c.run_id) || ':' || f.step, now() + %(shift)s,
          now() + %(shift)s + %(lease)s, NULL, NULL, '', '', %(owner)s, c.epoch, 0, '{}'::jsonb
     FROM claimed c
     JOIN jsonb_to_recordset(%(first_steps)s::jsonb) AS f(workflow text, fingerprint text, step text)
@@ -181,7 +181,7 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
           WHERE o.status = 'waiting' AND o.wake_at <= now() + %(shift)s AND o.run_id <> c.run_id{other_queues})
        END,
        -- the trace the run continues (durableruns.tracing; NULL unless started with the [otel] extra)
-       c.trace_context,
+       c.trace_context, c.key_run_id,
        -- the run parked by its concurrency limit instead (nothing claimed): the caller claims again
        (SELECT run_id FROM parked)
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
@@ -217,7 +217,7 @@ LIMITED_CLAIMS = {key: _claim_text(in_queues=key[0], hints=key[1], skipping=key[
 CLAIM = CLAIMS[False, True, False]  # every queue, with hints: what a --loop worker sends
 
 
-Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any]
+Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any, "str | None"]
 
 
 def _pg_claim(*, owner: str, times: Times, first_steps: str,
@@ -288,13 +288,13 @@ def _pg_claim(*, owner: str, times: Times, first_steps: str,
     if row is None:
         return None
     if row[0] is None:  # nothing was due (or it was parked): the row carries NEXT_DUE alone
-        setattr(db, _PARKED_ATTRIBUTE, row[12])
+        setattr(db, _PARKED_ATTRIBUTE, row[13])
         if hints:
             setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), row[9]))
         return None
     if hints:
         setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
-    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "", row[11])
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "", row[11], row[12])
 
 
 _NEXT_DUE_ATTRIBUTE = "durableruns_next_due"  # on Django's connection wrapper, which is per thread
@@ -454,13 +454,13 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                 break
         if taken is None:
             return None
-        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace = taken
+        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace, keys = taken
         first = None if first_step is None else Intent(step=first_step, attempt=1, effect_key=str(first_key),
                                                       cursor=0)
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint, input=decoded(payload) or {},
                        attempts=[_attempt(a) for a in decoded(attempts)], first_intent=first,
-                       ending=ending or "", trace_context=decoded(trace))
+                       ending=ending or "", trace_context=decoded(trace), key_run_id=keys)
     with transaction.atomic(using=conf.database(), durable=True):
         # Concurrency limits here: the limited runs whose key has no slot free are left out. SQLite has one writer
         # at a time (its transactions begin IMMEDIATE, durableruns.sqlite), so the count and the take are not
@@ -476,7 +476,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                 candidates = candidates.within_limits(limits(), clock.expression())
             candidates = candidates.select_for_update(skip_locked=True)
         row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending",
-                                "trace_context", "status", "concurrency_key").first()
+                                "trace_context", "status", "concurrency_key", "key_run_id").first()
         if row is None:
             return None
         if run_id is not None and on_postgresql() and not _admitted(row, clock):
@@ -501,6 +501,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         input=row["input"] or {},
         ending=row["ending"] or "",
         trace_context=row["trace_context"],
+        key_run_id=row["key_run_id"],
     )
 
 

@@ -26,6 +26,7 @@ OPERATIONS = {
     ("POST", "/api/escalations/{id}/decide/"),
     ("POST", "/api/runs/{run_id}/cancel/"),
     ("POST", "/api/runs/{run_id}/retry/"),
+    ("POST", "/api/runs/{run_id}/restart/"),
     ("POST", "/api/runs/{run_id}/adopt_plan/"),
     ("POST", "/api/runs/{run_id}/events/"),
     ("POST", "/api/runs/{run_id}/decide/"),
