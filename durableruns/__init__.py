@@ -16,6 +16,7 @@ from durableruns.version import __version__ as __version__  # its home is below 
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from datetime import datetime, timedelta
 
     from durableruns.boundary import Boundary
     from durableruns.models import Intervention
@@ -24,12 +25,14 @@ if TYPE_CHECKING:
 __all__ = ["Workflow", "Rejected", "start", "send", "result", "boundary", "decide", "adopt_plan", "schedule", "errors"]
 
 
-def start(workflow_name: str, input: Any, run_id: str | None = None, *, priority: int = 0) -> str:
+def start(workflow_name: str, input: Any, run_id: str | None = None, *, priority: int = 0,
+          deadline: timedelta | datetime | None = None) -> str:
     """Record a pending run of `workflow_name` with `input` (a JSON object); return its run_id. Among due runs,
-    workers take a higher `priority` first."""
+    workers take a higher `priority` first. `deadline` (a timedelta from the start, or an aware datetime; default
+    the workflow's own): past it, the run ends as its workflow's on_deadline says (durableruns.deadlines)."""
     from durableruns import services
 
-    return services.start_run(workflow_name, input, run_id=run_id, priority=priority)
+    return services.start_run(workflow_name, input, run_id=run_id, priority=priority, deadline=deadline)
 
 
 def send(run_id: str, event: str, payload: dict[str, Any] | None = None, *, key: str | None = None) -> bool:

@@ -54,6 +54,7 @@ class Claimed:
     first_intent: Intent | None = None  # the first step's intent, when it rode on the claim's commit
     ending: str = ""  # set while the run gives back what it holds: the status it reaches afterwards
     trace_context: dict[str, str] | None = None  # the trace the run continues (durableruns.tracing)
+    overdue: bool = False  # its deadline had passed when it was claimed: the engine ends it (durableruns.deadlines)
 
 
 @dataclass(frozen=True, kw_only=True)
