@@ -65,6 +65,8 @@ class Boundary:
     # Steps whose next attempt waits for its turn under the step's rate limit (durableruns.rates), by name ->
     # (key, the moment the turn comes).
     turns: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
+    # When the run must have ended (durableruns.deadlines), if it has a deadline: the sentence names it.
+    deadline: datetime | None = None
 
     def zone(self, step: str) -> Zone:
         """Return the zone of one step of the plan."""
@@ -161,6 +163,8 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
         parts.append(f"{_count(len(b.remainder))} remaining")
     else:
         parts.append("the rest unknown: the run's plan is not recorded")
+    if b.deadline is not None and b.status not in ("completed", "failed", "cancelled"):
+        parts.append(f"deadline {_clock(b.deadline, tz, '%Y-%m-%d %H:%M %Z')}".rstrip())
     return ", ".join(parts)
 
 

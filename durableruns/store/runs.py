@@ -128,12 +128,15 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
     caller's own records do.
     """
     deferred = "" if run_after is None else DEFERRED
+    created = clock.expression()  # one reading on SQLite: a deadline span is counted from the very same moment
+    deadline_at: Any = deadline
+    if isinstance(deadline, timedelta):
+        deadline_at = created + deadline if isinstance(created, datetime) else clock.expression(deadline)
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
               "status": RunStatus.PENDING if run_after is None else RunStatus.WAITING, "wake_at": run_after,
               "reason": deferred, "priority": priority, "queue": queue, "concurrency_key": concurrency_key,
-              "created_at": clock.expression(), "updated_at": clock.expression(), "trace_context": trace_context,
-              "deadline_at": clock.expression(deadline) if isinstance(deadline, timedelta) else deadline,
-              "on_deadline": on_deadline}
+              "created_at": created, "updated_at": created, "trace_context": trace_context,
+              "deadline_at": deadline_at, "on_deadline": on_deadline}
     try:
         if connections[conf.database()].in_atomic_block:
             with transaction.atomic(using=conf.database()):
