@@ -27,6 +27,7 @@ from durableruns.passes import RunOutcome
 from durableruns.registry import Workflow
 from durableruns.store import Claimed, Overdue
 from durableruns.store.cancels import SYSTEM_ACTOR
+from durableruns.store.deadlines import REASON_PREFIX
 
 log = logging.getLogger("durableruns")
 
@@ -65,7 +66,8 @@ def span_text(span: timedelta) -> str:
 def reason(overdue: Overdue) -> str:
     """Why the run ended: 'deadline of 3 days passed at 2026-12-07 14:00:00 UTC'."""
     at = overdue.deadline_at.astimezone(UTC)
-    return f"deadline of {span_text(overdue.deadline_at - overdue.created_at)} passed at {at:%Y-%m-%d %H:%M:%S %Z}"
+    span = span_text(overdue.deadline_at - overdue.created_at)
+    return f"{REASON_PREFIX}{span} passed at {at:%Y-%m-%d %H:%M:%S %Z}"
 
 
 def end(overdue: Overdue, *, epoch: int | None = None, clock: Clock = store.DATABASE) -> store.Ended | None:

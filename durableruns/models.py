@@ -136,6 +136,11 @@ class RunState(models.Model):
             models.Index(fields=["deadline_at"], name="run_state_deadline_idx",
                          condition=Q(deadline_at__isnull=False,
                                      status__in=["pending", "running", "waiting", "needs_decision"])),
+            # The runs a deadline ended that nobody was mailed about yet (ops.alerts): a mail marks them, and they
+            # leave it, so it stays as small as the runs not yet mailed.
+            models.Index(fields=["deadline_at"], name="run_state_deadline_mail_idx",
+                         condition=Q(status__in=["cancelled", "failed"], alerted_at__isnull=True,
+                                     reason__startswith="deadline of ")),
             models.Index(fields=["plan_fingerprint"], name="run_state_unfinished_plan_idx",
                          condition=Q(status__in=["pending", "running", "waiting", "needs_decision"])),
             # Concurrency limits (store.claims, _CLAIM_TEMPLATE): the runs holding a slot of a limit, which a

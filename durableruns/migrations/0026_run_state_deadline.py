@@ -4,7 +4,8 @@
   or fail). Both nullable, added without rewriting run_state (and, on SQLite, without rebuilding it: a rebuild
   would drop the run_count triggers of 0018).
 - run_state_deadline_idx: the unfinished runs with a deadline, in deadline order (the sweep of durableruns.
-  deadlines); built CONCURRENTLY on PostgreSQL.
+  deadlines); run_state_deadline_mail_idx: the runs a deadline ended that no alert has mailed about yet
+  (ops.alerts). Both built CONCURRENTLY on PostgreSQL.
 - run_state_wake_by_deadline: a run that begins waiting (a sleep, an event, an approval, a join, a backoff, a
   parked run) with a deadline still ahead wakes at the earlier of its wake time and its deadline, whichever
   statement wrote it: a wait for an event with no timeout (no wake time) wakes at the deadline. A run giving back
@@ -120,6 +121,12 @@ class Migration(migrations.Migration):
             index=models.Index(fields=["deadline_at"], name="run_state_deadline_idx",
                                condition=Q(deadline_at__isnull=False,
                                            status__in=["pending", "running", "waiting", "needs_decision"])),
+        ),
+        AddIndexConcurrentlyOnPostgres(
+            model_name="runstate",
+            index=models.Index(fields=["deadline_at"], name="run_state_deadline_mail_idx",
+                               condition=Q(status__in=["cancelled", "failed"], alerted_at__isnull=True,
+                                           reason__startswith="deadline of ")),
         ),
         migrations.RunPython(install, uninstall, elidable=False),
     ]

@@ -94,8 +94,9 @@ def end_at_deadline(run_id: str, *, final: str, reason: str, epoch: int | None =
         fields: dict[str, Any] = ending_fields(run_id, final)
         # The lease is left as it is, as a staff cancel leaves it: a worker inside a far call holds a limited
         # run's slot until it lets go (fenced out) or the lease runs out.
+        # Unmarked for the alerts (ops.alerts): a run mailed about while stopped for staff is mailed about again.
         RunState.objects.filter(pk=run_id).update(epoch=F("epoch") + 1, wake_at=None, updated_at=now,
-                                                  reason=storable(reason), **fields)
+                                                  reason=storable(reason), alerted_at=None, **fields)
         if fields["status"] == RunStatus.PENDING:
             wake_workers()  # a worker gives back what it holds, then ends it
         elif fields["status"] in ENDED:
@@ -105,3 +106,21 @@ def end_at_deadline(run_id: str, *, final: str, reason: str, epoch: int | None =
                          "note": storable(reason)}, pending)
     announce_cancelled(cancelled, reason=cascade, by=SYSTEM_ACTOR)
     return Ended(status=fields["status"], cancelled=cancelled, act=act)
+
+
+# How the reason of a run ended at its deadline begins (durableruns.deadlines.reason): the alerts find them by it.
+REASON_PREFIX = "deadline of "
+
+
+def ended_at_deadline_unmailed() -> list[RunState]:
+    """The runs a deadline ended (cancelled or failed) that nobody has been mailed about yet, oldest deadline first,
+    read by run_state_deadline_mail_idx (a mail marks them: they leave it)."""
+    return list(RunState.objects.filter(status__in=(RunStatus.CANCELLED, RunStatus.FAILED), alerted_at__isnull=True,
+                                        reason__startswith=REASON_PREFIX).order_by("deadline_at"))
+
+
+def take_deadline_alert_mark(run_id: str, *, now: datetime) -> bool:
+    """Mark a run a deadline ended as mailed about at `now`, only if no pass has: of two overlapping passes, one
+    takes it and sends (a mail that fails gives it back: store.give_run_alert_mark_back)."""
+    return bool(RunState.objects.filter(pk=run_id, alerted_at__isnull=True,
+                                        status__in=(RunStatus.CANCELLED, RunStatus.FAILED)).update(alerted_at=now))

@@ -11,12 +11,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from django.core import mail
 
 import durableruns
 from durableruns import deadlines, services, store
 from durableruns.children import child_run_id
 from durableruns.clock import Clock
 from durableruns.errors import DeclarationError, FencedOut, InvalidInput
+from durableruns.ops import alerts
 from durableruns.models import Intervention, RunState, RunStatus, RunStep
 from durableruns.store.cancels import SYSTEM_ACTOR
 from tests.conftest import wait_until
@@ -151,6 +153,23 @@ def test_the_sweep_leaves_a_run_a_claim_will_take_to_the_claim():
     assert deadlines.sweep(clock=LATER) == []  # pending: the claim ends it
     claimed = store.claim(owner="w1", lease_seconds=30, clock=LATER)
     assert claimed is not None and claimed.lease.run_id == run_id and claimed.overdue
+
+
+def test_the_alerts_say_so_once(settings, django_user_model):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.DURABLERUNS_ADMIN_BASE_URL = "https://ops.example.com/"
+    django_user_model.objects.create_superuser("root", "root@example.com", "pw-root-9f3")
+    run_id = durableruns.start("deadline_sleep", {})
+    resume(run_id)
+    assert alerts.send_deadline_alerts().due == 0  # not ended yet
+    resume(clock=LATER)
+    report = alerts.send_alerts()
+    assert report.deadlines.sent == [(run_id, ("root@example.com",))]
+    assert "mailed 1 run(s) ended at their deadline" in report.summary()
+    [message] = mail.outbox
+    assert message.subject == f"[durableruns] {run_id}: failed at its deadline"
+    assert f"Why: {run(run_id).reason}" in message.body and "deadline of 30 minutes passed at" in message.body
+    assert alerts.send_alerts().deadlines.sent == [] and len(mail.outbox) == 1  # once
 
 
 # -- real worker processes (PostgreSQL) ------------------------------------------------------------------------
