@@ -11,6 +11,7 @@ a site that sets nothing gets a safe API, and one whose defaults differ cannot o
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db.models import F, Prefetch
@@ -220,7 +221,9 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
         data = parse(s.StartRunSerializer, request.data)
         # A workflow out of the caller's scope is not there for them: refused as a name nobody declared.
         startable(data["workflow"], hidden=scopes.hidden_workflows(request.user))
-        run_id = services.start_run(data["workflow"], data["input"], run_id=data.get("run_id"))
+        seconds = data.get("deadline_seconds")
+        run_id = services.start_run(data["workflow"], data["input"], run_id=data.get("run_id"),
+                                    deadline=None if seconds is None else timedelta(seconds=seconds))
         run = runs_in_full().get(pk=run_id)
         location = reverse("durableruns-api:run-detail", kwargs={"run_id": run_id})
         return Response(s.RunDetailSerializer(run).data, status=status.HTTP_201_CREATED, headers={"Location": location})
