@@ -25,8 +25,14 @@ if TYPE_CHECKING:
 __all__ = ["Workflow", "Rejected", "start", "send", "result", "boundary", "decide", "adopt_plan", "schedule", "errors"]
 
 
-def start(workflow_name: str, input: Any, run_id: str | None = None, *, priority: int = 0,
-          deadline: timedelta | datetime | None = None) -> str:
+def start(
+    workflow_name: str,
+    input: Any,
+    run_id: str | None = None,
+    *,
+    priority: int = 0,
+    deadline: timedelta | datetime | None = None,
+) -> str:
     """Record a pending run of `workflow_name` with `input` (a JSON object); return its run_id. Among due runs,
     workers take a higher `priority` first. `deadline` (a timedelta from the start, or an aware datetime; default
     the workflow's own): past it, the run ends as its workflow's on_deadline says (durableruns.deadlines)."""

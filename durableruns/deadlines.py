@@ -34,8 +34,9 @@ log = logging.getLogger("durableruns")
 FINAL = {"cancel": RunStatus.CANCELLED, "fail": RunStatus.FAILED}
 
 
-def at_start(workflow: Workflow, deadline: timedelta | datetime | None
-             ) -> tuple[timedelta | datetime | None, str | None]:
+def at_start(
+    workflow: Workflow, deadline: timedelta | datetime | None
+) -> tuple[timedelta | datetime | None, str | None]:
     """The deadline a run of `workflow` starts with, and what it ends as then: start's `deadline` (a positive
     timedelta from the start, or an aware datetime), else the workflow's own; (None, None) for none. A naive
     datetime, a timedelta that is not positive, or anything else is InvalidInput."""

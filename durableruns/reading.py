@@ -42,14 +42,16 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
     plan = plan_of(run)
     if plan is None:
         attempted = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
-        return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False,
-                       deadline=run.deadline_at)
+        return replace(
+            compute_boundary(attempted, attempts), status=run.status, plan_known=False, deadline=run.deadline_at
+        )
     recorded = run_plan(run)
     waits = recorded.waits if recorded is not None else {}
     waits_for_turn = run.status == RunStatus.WAITING and run.reason.startswith(WAITING_FOR_TURN)
     turns = store.waiting_turns(run.run_id) if waits_for_turn else None  # no query for any other run
-    return replace(compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status,
-                   deadline=run.deadline_at)
+    return replace(
+        compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status, deadline=run.deadline_at
+    )
 
 
 def lacking_of(run: RunState, b: Boundary) -> tuple[str, ...] | None:

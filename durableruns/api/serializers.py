@@ -157,7 +157,9 @@ class StartRunSerializer(serializers.Serializer):
         max_length=200, required=False, help_text="Your id for the run (unique); generated if omitted."
     )
     deadline_seconds = serializers.IntegerField(
-        required=False, min_value=1, max_value=100 * 366 * 86400,
+        required=False,
+        min_value=1,
+        max_value=100 * 366 * 86400,
         help_text="The run must have ended this many seconds after its start (the database's clock), or it ends as "
         "its workflow's on_deadline says; default: the workflow's own deadline, if it declares one.",
     )

@@ -89,8 +89,10 @@ class DeadlineAlerts(StoppedAlerts):
         if not self.due:
             return "no run ended at its deadline to mail about"
         if not self.recipients:
-            return (f"{self.due} run(s) ended at their deadline, but no active user with an e-mail address may "
-                    f"retry them ({RETRY_PERMISSION}); nothing sent")
+            return (
+                f"{self.due} run(s) ended at their deadline, but no active user with an e-mail address may "
+                f"retry them ({RETRY_PERMISSION}); nothing sent"
+            )
         failed = f", {len(self.failed)} failed to send" if self.failed else ""
         return f"mailed {len(self.sent)} run(s) ended at their deadline to {len(self.recipients)} person(s){failed}"
 

@@ -32,6 +32,7 @@ from durableruns.encoding import TEXT_LIMIT, ensure_json, storable, to_json
 from durableruns.store.attempts import checkpoint, record_failure, record_intent, record_raised, record_result
 from durableruns.store.base import DATABASE, DEFERRED, ENDED, Claimed, Intent, Lease, wake_workers
 from durableruns.store.children import UNFINISHED, NewChild, child_exists, start_child
+from durableruns.store.claims import claim, more_due_after_last_claim, next_due_from_last_claim, parked_by_last_claim
 from durableruns.store.deadlines import (
     Ended,
     Overdue,
@@ -41,7 +42,6 @@ from durableruns.store.deadlines import (
     take_deadline_alert_mark,
     unclaimable_overdue,
 )
-from durableruns.store.claims import claim, more_due_after_last_claim, next_due_from_last_claim, parked_by_last_claim
 from durableruns.store.marks import (
     SCRATCH_WORKFLOW,
     delete_runs,

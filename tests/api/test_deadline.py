@@ -34,12 +34,18 @@ def test_without_deadline_seconds_there_is_none(client_for, starter):
 
 @pytest.mark.parametrize(
     ("seconds", "says"),
-    [(0, "greater than or equal to 1"), (-5, "greater than or equal to 1"), ("soon", "A valid integer is required"),
-     (10**12, "less than or equal to"), (1.5, "A valid integer is required")],
+    [
+        (0, "greater than or equal to 1"),
+        (-5, "greater than or equal to 1"),
+        ("soon", "A valid integer is required"),
+        (10**12, "less than or equal to"),
+        (1.5, "A valid integer is required"),
+    ],
 )
 def test_a_bad_deadline_seconds_is_a_400_and_records_nothing(client_for, starter, seconds, says):
     response = client_for(starter).post(
-        "/api/runs/", {"workflow": "scripted", "input": {}, "run_id": "refused", "deadline_seconds": seconds},
+        "/api/runs/",
+        {"workflow": "scripted", "input": {}, "run_id": "refused", "deadline_seconds": seconds},
         format="json",
     )
     assert response.status_code == 400, response.content

@@ -18,8 +18,8 @@ from durableruns import deadlines, services, store
 from durableruns.children import child_run_id
 from durableruns.clock import Clock
 from durableruns.errors import DeclarationError, FencedOut, InvalidInput
-from durableruns.ops import alerts
 from durableruns.models import Intervention, RunState, RunStatus, RunStep
+from durableruns.ops import alerts
 from durableruns.store.cancels import SYSTEM_ACTOR
 from tests.conftest import wait_until
 from tests.integration import deadline_flows  # noqa: F401  (declares the workflows)
