@@ -46,6 +46,9 @@ class Workflow:
     `concurrency=N`: at most N runs of the workflow hold a lease at once, across every worker and host; with
     `concurrency_key=lambda input: ...`, at most N (default 1) per key, the key asked once at start and recorded.
 
+    `deadline=timedelta(...)`: each run must have ended that long after its start (the database's clock), or it
+    ends as `on_deadline` says, "cancel" (the default) or "fail" (durableruns.deadlines).
+
     `internal=True`: the workflow is started only by the code that declares it, which passes the Workflow itself
     (`services.start_run(..., internal=workflow)`). Every other way in (`durableruns.start`, the API, a child run,
     a schedule) refuses it as it refuses a name nobody declared (UnknownWorkflow), and no list of what can be
