@@ -88,3 +88,22 @@ def reserve_stock(ctx: Any) -> dict[str, Any]:
 
 
 deadline_holder.wait_for("delivery", event="delivered")
+
+# A child whose own workflow declares a deadline, started by a parent that has none.
+deadline_own_child = Workflow("deadline_own_child", deadline=DEADLINE, on_deadline="fail")
+deadline_own_child.wait_for("forever", event="never")
+
+deadline_starter = Workflow("deadline_starter")
+
+
+@deadline_starter.step(policy="resolvable", lookup=lambda ctx: None)
+def start_timed_child(ctx: Any) -> dict[str, Any]:
+    return {"child": ctx.start_run(deadline_own_child, {}, key="timed")}
+
+
+@deadline_starter.step(policy="re_executable")
+def start_timed_child_too(ctx: Any) -> dict[str, Any]:
+    return {"child": ctx.start_run(deadline_own_child, {}, key="timed_too")}
+
+
+deadline_starter.join("both")

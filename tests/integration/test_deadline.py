@@ -18,7 +18,7 @@ from durableruns import deadlines, services, store
 from durableruns.children import child_run_id
 from durableruns.clock import Clock
 from durableruns.errors import DeclarationError, FencedOut, InvalidInput
-from durableruns.models import Intervention, RunState, RunStatus, RunStep
+from durableruns.models import Intervention, RunState, RunStatus, RunStep, WorkerPresence
 from durableruns.ops import alerts
 from durableruns.store.cancels import SYSTEM_ACTOR
 from tests.conftest import wait_until
@@ -125,6 +125,23 @@ def test_its_children_are_cancelled():
     assert run(child).reason.startswith(f"cancelled with {parent}: deadline of 30 minutes passed at")
 
 
+def test_a_child_run_takes_its_own_workflows_deadline():
+    parent = durableruns.start("deadline_starter", {})
+    settle(store.DATABASE)
+    # one started in a commit of its own (a resolvable step), one with the step's result (re-executable)
+    children = [child_run_id(parent, "start_timed_child", "timed"), child_run_id(parent, "start_timed_child_too",
+                                                                               "timed_too")]
+    for child in children:
+        row = run(child)
+        assert row.status == RunStatus.WAITING and row.on_deadline == "fail"
+        assert abs(row.deadline_at - row.created_at - timedelta(minutes=30)) < timedelta(seconds=1)
+        assert row.wake_at == row.deadline_at
+    assert run(parent).deadline_at is None
+    settle(LATER)
+    for child in children:
+        assert_ended_at_deadline(child, RunStatus.FAILED, "30 minutes")
+
+
 def test_what_it_holds_is_given_back_before_it_ends(far):
     run_id = durableruns.start("deadline_holder", {})
     settle(store.DATABASE)
@@ -178,16 +195,20 @@ MODULES = "tests.workflows,tests.integration.deadline_flows"
 
 
 def _worker(workers, folder: Path, *args: str):
-    return workers.start("--loop", "--interval", "0.2", *args, DURABLERUNS_WORKFLOW_MODULES=MODULES,
+    """A --loop worker that sweeps every half second, up (reporting its presence) before the test starts a run:
+    the deadlines are seconds long, and a worker still booting when one passes would only ever see it passed."""
+    proc = workers.start("--loop", "--interval", "0.2", *args, DURABLERUNS_WORKFLOW_MODULES=MODULES,
                          DEADLINE_DIR=str(folder), DURABLERUNS_STUCK_MARGIN_SECONDS="1")
+    wait_until(WorkerPresence.objects.exists, timeout=60, what="the worker to be up")
+    return proc
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize(("workflow", "status"), [("deadline_long", RunStatus.CANCELLED),
                                                   ("deadline_long_fail", RunStatus.FAILED)])
 def test_a_worker_inside_a_long_step_is_fenced_out_at_the_deadline(workers, tmp_path, workflow, status):
-    run_id = durableruns.start(workflow, {}, deadline=timedelta(seconds=2))
     _worker(workers, tmp_path, "--lease", "20")
+    run_id = durableruns.start(workflow, {}, deadline=timedelta(seconds=2))
     wait_until(lambda: (tmp_path / f"entered-{run_id}").exists(), timeout=60, what="the long step to begin")
     wait_until(lambda: run(run_id).status == status, timeout=30, what=f"the run to end {status} at its deadline")
     row = assert_ended_at_deadline(run_id, status, "2 seconds")
@@ -204,8 +225,8 @@ def test_a_worker_inside_a_long_step_is_fenced_out_at_the_deadline(workers, tmp_
 @pytest.mark.parametrize(("workflow", "status"), [("deadline_event", RunStatus.CANCELLED),
                                                   ("deadline_sleep", RunStatus.FAILED)])
 def test_a_waiting_run_ends_at_its_deadline(workers, tmp_path, workflow, status):
-    run_id = durableruns.start(workflow, {}, deadline=timedelta(seconds=3))
     _worker(workers, tmp_path)
+    run_id = durableruns.start(workflow, {}, deadline=timedelta(seconds=3))
     wait_until(lambda: run(run_id).status == RunStatus.WAITING, timeout=60, what="the run to wait")
     assert run(run_id).wake_at == run(run_id).deadline_at
     wait_until(lambda: run(run_id).status == status, timeout=30, what=f"the run to end {status} at its deadline")
@@ -215,9 +236,10 @@ def test_a_waiting_run_ends_at_its_deadline(workers, tmp_path, workflow, status)
 
 @pytest.mark.postgres
 def test_a_worker_ends_a_parent_at_its_deadline_and_cancels_its_child(workers, tmp_path):
+    _worker(workers, tmp_path)
     parent = durableruns.start("deadline_parent", {}, deadline=timedelta(seconds=3))
     child = child_run_id(parent, "start_child", "only")
-    _worker(workers, tmp_path)
+    wait_until(lambda: RunState.objects.filter(pk=child).exists(), timeout=30, what="the child to be started")
     wait_until(lambda: RunState.objects.filter(pk=parent, status=RunStatus.CANCELLED).exists(), timeout=60,
                what="the parent to end at its deadline")
     assert_ended_at_deadline(parent, RunStatus.CANCELLED, "3 seconds")
