@@ -208,10 +208,10 @@ def _worker(workers, folder: Path, *args: str):
                                                   ("deadline_long_fail", RunStatus.FAILED)])
 def test_a_worker_inside_a_long_step_is_fenced_out_at_the_deadline(workers, tmp_path, workflow, status):
     _worker(workers, tmp_path, "--lease", "20")
-    run_id = durableruns.start(workflow, {}, deadline=timedelta(seconds=2))
+    run_id = durableruns.start(workflow, {}, deadline=timedelta(seconds=4))
     wait_until(lambda: (tmp_path / f"entered-{run_id}").exists(), timeout=60, what="the long step to begin")
     wait_until(lambda: run(run_id).status == status, timeout=30, what=f"the run to end {status} at its deadline")
-    row = assert_ended_at_deadline(run_id, status, "2 seconds")
+    row = assert_ended_at_deadline(run_id, status, "4 seconds")
     assert row.updated_at >= row.deadline_at
     (tmp_path / f"open-{run_id}").touch()  # the step returns now; its worker's result is fenced out
     wait_until(lambda: (tmp_path / f"left-{run_id}").exists(), timeout=30, what="the long step to return")
