@@ -17,6 +17,7 @@ from durableruns.version import __version__ as __version__  # its home is below 
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from datetime import datetime, timedelta
 
     from durableruns.boundary import Boundary
     from durableruns.models import Intervention
@@ -45,16 +46,20 @@ def start(
     priority: int = 0,
     debounce: timedelta | None = None,
     key: str | None = None,
+    deadline: timedelta | datetime | None = None,
 ) -> str:
     """Record a pending run of `workflow_name` with `input` (a JSON object); return its run_id. Among due runs,
-    workers take a higher `priority` first.
+    workers take a higher `priority` first. `deadline` (a timedelta from the start, or an aware datetime; default
+    the workflow's own): past it, the run ends as its workflow's on_deadline says (durableruns.deadlines).
 
     With `debounce` (a timedelta) and `key`: while the run started with this key has not begun, the start replaces
     its input and moves its start to now + debounce (by the database's clock), and returns that run's id; once it
     has begun, the next start with the key starts a new run."""
     from durableruns import services
 
-    return services.start_run(workflow_name, input, run_id=run_id, priority=priority, debounce=debounce, key=key)
+    return services.start_run(
+        workflow_name, input, run_id=run_id, priority=priority, debounce=debounce, key=key, deadline=deadline
+    )
 
 
 def send(run_id: str, event: str, payload: dict[str, Any] | None = None, *, key: str | None = None) -> bool:

@@ -68,6 +68,8 @@ class Boundary:
     # A debounced run not yet begun (durableruns.start(debounce=, key=)): when it starts, unless a start with its
     # key moves that time on.
     debounced_until: datetime | None = None
+    # When the run must have ended (durableruns.deadlines), if it has a deadline: the sentence names it.
+    deadline: datetime | None = None
 
     def zone(self, step: str) -> Zone:
         """Return the zone of one step of the plan."""
@@ -166,6 +168,8 @@ def operator_sentence(b: Boundary, tz: tzinfo | None = None) -> str:
         parts.append(f"{_count(len(b.remainder))} remaining")
     else:
         parts.append("the rest unknown: the run's plan is not recorded")
+    if b.deadline is not None and b.status not in ("completed", "failed", "cancelled"):
+        parts.append(f"deadline {_clock(b.deadline, tz, '%Y-%m-%d %H:%M %Z')}".rstrip())
     return ", ".join(parts)
 
 

@@ -74,6 +74,8 @@ def _asked(parent: str, step: str, workflow: Workflow | str, input: Any, key: An
         plan=flow.as_plan(),
         input=stored,
         concurrency_key=concurrency_key,
+        deadline=flow.deadline,  # its workflow's own (durableruns.deadlines); its parent's ends it too, cancelled
+        on_deadline=flow.on_deadline if flow.deadline is not None else None,
     )
 
 
@@ -91,6 +93,8 @@ def start(
         plan=child.plan,
         input=child.input,
         concurrency_key=child.concurrency_key,
+        deadline=child.deadline,
+        on_deadline=child.on_deadline,
         clock=clock,
     )
     return child.run_id

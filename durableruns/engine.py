@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
-from durableruns import children, conf, faults, plans, releasing, signals, store, turns, waiting, waits
+from durableruns import children, conf, deadlines, faults, plans, releasing, signals, store, turns, waiting, waits
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
@@ -112,6 +112,8 @@ class Engine:
 
     def _work(self, claimed: Claimed) -> RunOutcome:
         lease = claimed.lease
+        if claimed.overdue and not claimed.ending:  # past its deadline: ended, not worked (durableruns.deadlines)
+            return deadlines.end_claimed(claimed, self.clock)
         # The run follows its own plan; this deploy supplies the functions of its steps, by name, where it
         # declares them with the recorded policy. Nothing fails a run because the code changed.
         try:

@@ -101,6 +101,13 @@ class RunState(models.Model):
         max_length=200, null=True, blank=True,
         help_text="The run whose effect keys this one's steps keep (a restart's original, through every restart of "
                   "a restart); NULL: its own run_id.")
+    deadline_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the run must have ended, by the database's clock, counted from its start (Workflow("
+                  "deadline=) or start(deadline=)); past it a worker ends the run (durableruns.deadlines). NULL: none.")
+    on_deadline = models.CharField(
+        max_length=10, null=True, blank=True,
+        help_text="What the run ends as once its deadline passes, recorded at start with it: cancel or fail.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     alerted_at = models.DateTimeField(
@@ -145,6 +152,16 @@ class RunState(models.Model):
             models.Index(fields=["wake_at", "created_at"], name="run_state_wake_idx", condition=Q(status="waiting")),
             # Unfinished runs by plan: the admin's plan filter counts them per plan, and reading them through
             # this index costs the few unfinished runs, not every run kept (a scan of run_state at a million).
+            # Unfinished runs with a deadline, in deadline order: the sweep (durableruns.deadlines) reads the few
+            # past it without walking the runs that have none.
+            models.Index(fields=["deadline_at"], name="run_state_deadline_idx",
+                         condition=Q(deadline_at__isnull=False,
+                                     status__in=["pending", "running", "waiting", "needs_decision"])),
+            # The runs a deadline ended that nobody was mailed about yet (ops.alerts): a mail marks them, and they
+            # leave it, so it stays as small as the runs not yet mailed.
+            models.Index(fields=["deadline_at"], name="run_state_deadline_mail_idx",
+                         condition=Q(status__in=["cancelled", "failed"], alerted_at__isnull=True,
+                                     reason__startswith="deadline of ")),
             models.Index(fields=["plan_fingerprint"], name="run_state_unfinished_plan_idx",
                          condition=Q(status__in=["pending", "running", "waiting", "needs_decision"])),
             # Concurrency limits (store.claims, _CLAIM_TEMPLATE): the runs holding a slot of a limit, which a

@@ -42,14 +42,19 @@ def boundary_of(run: RunState, rows: Iterable[RunStep] | None = None) -> Boundar
     plan = plan_of(run)
     if plan is None:
         attempted = tuple(dict.fromkeys(a.step for a in sorted(attempts, key=lambda a: (a.started_at, a.attempt))))
-        return replace(compute_boundary(attempted, attempts), status=run.status, plan_known=False)
+        return replace(
+            compute_boundary(attempted, attempts), status=run.status, plan_known=False, deadline=run.deadline_at
+        )
     recorded = run_plan(run)
     waits = recorded.waits if recorded is not None else {}
     waits_for_turn = run.status == RunStatus.WAITING and run.reason.startswith(WAITING_FOR_TURN)
     turns = store.waiting_turns(run.run_id) if waits_for_turn else None  # no query for any other run
     debounced = run.wake_at if run.debounce_key is not None and run.reason == store.DEBOUNCED else None
     return replace(
-        compute_boundary(plan, attempts, waits=waits, turns=turns), status=run.status, debounced_until=debounced
+        compute_boundary(plan, attempts, waits=waits, turns=turns),
+        status=run.status,
+        debounced_until=debounced,
+        deadline=run.deadline_at,
     )
 
 

@@ -46,6 +46,9 @@ class Workflow:
     `concurrency=N`: at most N runs of the workflow hold a lease at once, across every worker and host; with
     `concurrency_key=lambda input: ...`, at most N (default 1) per key, the key asked once at start and recorded.
 
+    `deadline=timedelta(...)`: each run must have ended that long after its start (the database's clock), or it
+    ends as `on_deadline` says, "cancel" (the default) or "fail" (durableruns.deadlines).
+
     `internal=True`: the workflow is started only by the code that declares it, which passes the Workflow itself
     (`services.start_run(..., internal=workflow)`). Every other way in (`durableruns.start`, the API, a child run,
     a schedule) refuses it as it refuses a name nobody declared (UnknownWorkflow), and no list of what can be
@@ -54,7 +57,8 @@ class Workflow:
     """
 
     def __init__(self, name: str, *, replace: bool = False, concurrency: int | None = None,
-                 concurrency_key: Callable[[dict[str, Any]], Any] | None = None, internal: bool = False) -> None:
+                 concurrency_key: Callable[[dict[str, Any]], Any] | None = None, internal: bool = False,
+                 deadline: timedelta | None = None, on_deadline: str = "cancel") -> None:
         if not name or not isinstance(name, str):
             raise DeclarationError("a workflow needs a non-empty name")
         if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
@@ -74,6 +78,15 @@ class Workflow:
         # concurrency_key); the limit itself is this deploy's, read by every claim (durableruns.store.claims).
         self.concurrency = concurrency if concurrency is not None else (1 if concurrency_key is not None else None)
         self.concurrency_key = concurrency_key
+        # A run must have ended `deadline` after its start (the database's clock), or it ends as `on_deadline` says
+        # (durableruns.deadlines); start(deadline=) sets one run's instead.
+        if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
+            raise DeclarationError(f"workflow {name!r}: deadline must be a positive timedelta, not {deadline!r}",
+                                   workflow=name)
+        if on_deadline not in ("cancel", "fail"):
+            raise DeclarationError(f"workflow {name!r}: on_deadline must be 'cancel' or 'fail', not {on_deadline!r}",
+                                   workflow=name)
+        self.deadline, self.on_deadline = deadline, on_deadline
         self.module = _declaring_module(self)
         self.steps: list[Step] = []
         self._by_name: dict[str, Step] = {}

@@ -253,6 +253,8 @@ def start_due(*, clock: Any = None) -> Tick:
                     input=dict(declared.input),
                     clock=clock,
                     concurrency_key=workflow.limit_key(dict(declared.input)),
+                    deadline=workflow.deadline,  # counted from the slot's start (durableruns.deadlines)
+                    on_deadline=workflow.on_deadline if workflow.deadline is not None else None,
                 )
             except DurableRunsError as exc:  # this schedule's own trouble: the others go on
                 troubles.append((declared.name, str(exc)))

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from durableruns import conf, reading, schedules, signals, store
+from durableruns import conf, deadlines, reading, schedules, signals, store
 from durableruns.boundary import Boundary
 from durableruns.clock import Clock, on_postgresql
 from durableruns.debounce import debounce_of
@@ -72,14 +72,17 @@ def default_owner() -> str:
 
 def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, priority: int = 0,
               queue: str = "default", run_after: datetime | None = None, internal: Workflow | None = None,
-              debounce: timedelta | None = None, key: str | None = None) -> str:
+              debounce: timedelta | None = None, key: str | None = None,
+              deadline: timedelta | datetime | None = None) -> str:
     """Record a pending run of a registered workflow and return its run_id; a worker executes it.
 
     Among due runs a worker takes the highest `priority` first; a worker limited to queues (resume_runs --queue)
     takes only runs on its `queue`s; a run with `run_after` (an aware datetime) is not due before that time, by
     the database's clock. In a process that traces (the [otel] extra), the trace context current now is
     recorded with it: the run's passes continue it. A workflow with a concurrency_key has it asked of `input`
-    now, once; the run records it and counts under it.
+    now, once; the run records it and counts under it. `deadline` (a positive timedelta from the start on the
+    database's clock, or an aware datetime; default the workflow's own) is when the run must have ended
+    (durableruns.deadlines).
 
     An internal workflow (Workflow(..., internal=True)) is refused as an unknown name is (UnknownWorkflow), unless
     `internal` is that Workflow itself: only the code that declares it starts it (the Tasks backend's enqueue).
@@ -95,6 +98,7 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
         raise InvalidInput(f"queue must be a non-empty name of at most 100 characters, not {queue!r}")
     if run_after is not None and (not isinstance(run_after, datetime) or run_after.tzinfo is None):
         raise InvalidInput(f"run_after must be an aware datetime, not {run_after!r}")
+    deadline, on_deadline = deadlines.at_start(workflow, deadline)
     if not isinstance(input, dict):
         raise InvalidInput(f"the input must be a JSON object, not {type(input).__name__}")
     try:
@@ -128,7 +132,7 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
                                   concurrency_key=concurrency_key)[0]
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
                      trace_context=trace_context, priority=priority, queue=queue, run_after=run_after,
-                     concurrency_key=concurrency_key)
+                     concurrency_key=concurrency_key, deadline=deadline, on_deadline=on_deadline)
     return run_id
 
 

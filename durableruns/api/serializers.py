@@ -156,6 +156,13 @@ class StartRunSerializer(serializers.Serializer):
     run_id = serializers.CharField(
         max_length=200, required=False, help_text="Your id for the run (unique); generated if omitted."
     )
+    deadline_seconds = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=100 * 366 * 86400,
+        help_text="The run must have ended this many seconds after its start (the database's clock), or it ends as "
+        "its workflow's on_deadline says; default: the workflow's own deadline, if it declares one.",
+    )
     debounce_seconds = serializers.FloatField(
         required=False,
         min_value=0.001,
@@ -372,6 +379,7 @@ class RunSerializer(serializers.ModelSerializer):
             "owner",
             "lease_expires_at",
             "wake_at",
+            "deadline_at",
             "reason",
             "created_at",
             "updated_at",

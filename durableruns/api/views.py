@@ -224,12 +224,14 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
         # A workflow out of the caller's scope is not there for them: refused as a name nobody declared.
         startable(data["workflow"], hidden=scopes.hidden_workflows(request.user))
         debounce = data.get("debounce_seconds")
+        seconds = data.get("deadline_seconds")
         run_id = services.start_run(
             data["workflow"],
             data["input"],
             run_id=data.get("run_id"),
             debounce=None if debounce is None else timedelta(seconds=debounce),
             key=data.get("key"),
+            deadline=None if seconds is None else timedelta(seconds=seconds),
         )
         run = runs_in_full().get(pk=run_id)
         location = reverse("durableruns-api:run-detail", kwargs={"run_id": run_id})

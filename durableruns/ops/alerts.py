@@ -2,7 +2,8 @@
 
 An escalation left open goes to those who may decide it (durableruns.decide_escalation); a run stopped for staff
 with no escalation (its crash budget spent, a lookup that kept raising, steps the deploy lacks, data the database
-refused) goes to those who may retry it (durableruns.retry_run), with its reason. Who may is who holds the
+refused) goes to those who may retry it (durableruns.retry_run), with its reason; so does, once, a run its
+deadline ended (durableruns.deadlines), saying so. Who may is who holds the
 permission (by their own permissions, a group's, or as a superuser), is active, and has an e-mail address; nobody
 else is ever written to. Each is mailed once it has waited DURABLERUNS_ESCALATION_ALERT_SECONDS, and again at
 most once per that period while it waits: Escalation.alerted_at and RunState.alerted_at record the last mail. The
@@ -43,10 +44,11 @@ class AlertReport:
     due: int = 0  # escalations open past the period and not mailed within it
     recipients: tuple[str, ...] = ()
     stopped: StoppedAlerts | None = None  # runs stopped for staff with no escalation (send_alerts)
+    deadlines: DeadlineAlerts | None = None  # runs a deadline ended (send_alerts)
 
     def summary(self) -> str:
-        line = self._escalations()
-        return line if self.stopped is None else f"{line}; {self.stopped.summary()}"
+        lines = [self._escalations(), *(part.summary() for part in (self.stopped, self.deadlines) if part)]
+        return "; ".join(lines)
 
     def _escalations(self) -> str:
         if not self.due:
@@ -77,6 +79,22 @@ class StoppedAlerts:
             )
         failed = f", {len(self.failed)} failed to send" if self.failed else ""
         return f"mailed {len(self.sent)} stopped run(s) to {len(self.recipients)} person(s){failed}"
+
+
+@dataclass(kw_only=True)
+class DeadlineAlerts(StoppedAlerts):
+    """The runs a deadline ended (durableruns.deadlines), each mailed once to the staff who may retry it."""
+
+    def summary(self) -> str:
+        if not self.due:
+            return "no run ended at its deadline to mail about"
+        if not self.recipients:
+            return (
+                f"{self.due} run(s) ended at their deadline, but no active user with an e-mail address may "
+                f"retry them ({RETRY_PERMISSION}); nothing sent"
+            )
+        failed = f", {len(self.failed)} failed to send" if self.failed else ""
+        return f"mailed {len(self.sent)} run(s) ended at their deadline to {len(self.recipients)} person(s){failed}"
 
 
 def deciders(permission: str = PERMISSION) -> tuple[str, ...]:
@@ -175,9 +193,11 @@ def send_escalation_alerts(*, clock: Clock | None = None) -> AlertReport:
 
 def send_alerts(*, clock: Clock | None = None) -> AlertReport:
     """Mail what waits on staff too long: each escalation (send_escalation_alerts), then each run stopped for
-    staff with no escalation (send_stopped_alerts); one report of both."""
+    staff with no escalation (send_stopped_alerts), then each run a deadline ended (send_deadline_alerts); one
+    report of all three."""
     report = send_escalation_alerts(clock=clock)
     report.stopped = send_stopped_alerts(clock=clock)
+    report.deadlines = send_deadline_alerts(clock=clock)
     return report
 
 
@@ -236,6 +256,51 @@ def send_stopped_alerts(*, clock: Clock | None = None) -> StoppedAlerts:
             store.give_run_alert_mark_back(run.run_id, now=now, previous=previous)
             report.failed.append((run.run_id, f"{type(exc).__name__}: {exc}"))
             log.error("run %s: the alert mail was not sent: %s", run.run_id, exc)
+            continue
+        report.sent.append((run.run_id, report.recipients))
+    return report
+
+
+def deadline_message(run: RunState, *, recipients: tuple[str, ...]) -> EmailMessage:
+    """The mail about one run its deadline ended: how far it got, why it ended, where to look at it."""
+    sentence = services.boundary_of(run).sentence(timezone.get_current_timezone())
+    body = "\n".join(
+        [
+            f"Run {spelled(run.run_id)} ({run.workflow}) did not end before its deadline: it ended {run.status}.",
+            "",
+            f"Why: {run.reason}",
+            f"How far it got: {sentence}.",
+            "",
+            f"Its page (what it gave back, its child runs; restart or retry it from there): {run_url(run.run_id)}",
+            "",
+            f"You receive this because you may retry runs ({RETRY_PERMISSION}). It is sent once.",
+        ]
+    )
+    subject = f"[durableruns] {spelled(run.run_id)}: {run.status} at its deadline"
+    return EmailMessage(subject=subject, body=body, to=list(recipients))
+
+
+def send_deadline_alerts(*, clock: Clock | None = None) -> DeadlineAlerts:
+    """Mail each run a deadline ended (durableruns.deadlines), once, to the staff who may retry it. With nobody to
+    tell, the runs stay unmarked, and a later pass mails them once someone may."""
+    due = store.ended_at_deadline_unmailed()
+    report = DeadlineAlerts(due=len(due))
+    if not due:
+        return report
+    report.recipients = deciders(RETRY_PERMISSION)
+    if not report.recipients:
+        log.warning("%s run(s) ended at their deadline and nobody with an e-mail address may retry them", len(due))
+        return report
+    now = (clock or Clock()).now()
+    for run in due:
+        if not store.take_deadline_alert_mark(run.run_id, now=now):
+            continue  # another pass sent it
+        try:
+            deadline_message(run, recipients=report.recipients).send(fail_silently=False)
+        except Exception as exc:  # an SMTP outage: give the mark back so the next pass tries again
+            store.give_run_alert_mark_back(run.run_id, now=now, previous=None)
+            report.failed.append((run.run_id, f"{type(exc).__name__}: {exc}"))
+            log.error("run %s: the deadline alert mail was not sent: %s", run.run_id, exc)
             continue
         report.sent.append((run.run_id, report.recipients))
     return report

@@ -21,6 +21,8 @@ public names. One module a concept, each below the ones that use it:
     rates        take_turn, turn_of, waiting_turns: a step's rate limit (its turn, or the time it waits for)
     schedules    schedule_marks, start_slots
     marks        alert marks, a worker's presence, measuring's scratch runs, delete_runs (retention)
+    deadlines    end_at_deadline (a system act, as a staff cancel), overdue_of, unclaimable_overdue, and the
+                 alerts' marks of the runs a deadline ended (ended_at_deadline_unmailed, take_deadline_alert_mark)
 
 A module imports only the ones listed above it (and never this face): the store has no circle of its own.
 """
@@ -32,6 +34,15 @@ from durableruns.store.attempts import checkpoint, record_failure, record_intent
 from durableruns.store.base import DATABASE, DEFERRED, ENDED, Claimed, Intent, Lease, wake_workers
 from durableruns.store.children import UNFINISHED, NewChild, child_exists, start_child
 from durableruns.store.claims import claim, more_due_after_last_claim, next_due_from_last_claim, parked_by_last_claim
+from durableruns.store.deadlines import (
+    Ended,
+    Overdue,
+    end_at_deadline,
+    ended_at_deadline_unmailed,
+    overdue_of,
+    take_deadline_alert_mark,
+    unclaimable_overdue,
+)
 from durableruns.store.debounce import DEBOUNCED, debounce_run
 from durableruns.store.marks import (
     SCRATCH_WORKFLOW,
@@ -68,6 +79,13 @@ from durableruns.store.waits import (
 )
 
 __all__ = [
+    "Ended",
+    "Overdue",
+    "end_at_deadline",
+    "ended_at_deadline_unmailed",
+    "take_deadline_alert_mark",
+    "overdue_of",
+    "unclaimable_overdue",
     "APPROVAL_ACTIONS",
     "DATABASE",
     "DEFERRED",

@@ -55,6 +55,7 @@ class Claimed:
     ending: str = ""  # set while the run gives back what it holds: the status it reaches afterwards
     trace_context: dict[str, str] | None = None  # the trace the run continues (durableruns.tracing)
     key_run_id: str | None = None  # the run whose effect keys its steps keep (a restart's original), if not its own
+    overdue: bool = False  # its deadline had passed when it was claimed: the engine ends it (durableruns.deadlines)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -31,6 +32,8 @@ class NewChild:
     plan: Plan
     input: dict[str, Any]
     concurrency_key: str | None = None  # its workflow's limit key, asked of its input once, as start() asks it
+    deadline: timedelta | None = None  # its workflow's deadline, counted from its creation (durableruns.deadlines)
+    on_deadline: str | None = None
 
 
 def child_exists(child: NewChild, *, parent: str) -> bool:
@@ -50,13 +53,15 @@ def record_children(lease: Lease, children: list[NewChild], clock: Clock) -> Non
     RunState.objects.bulk_create(
         [RunState(run_id=c.run_id, workflow=c.workflow, plan_fingerprint=c.plan.fingerprint, input=c.input,
                   status=RunStatus.PENDING, parent_id=lease.run_id, concurrency_key=c.concurrency_key,
-                  created_at=clock.expression(), updated_at=clock.expression()) for c in children],
+                  created_at=clock.expression(), updated_at=clock.expression(), on_deadline=c.on_deadline,
+                  deadline_at=None if c.deadline is None else clock.expression(c.deadline)) for c in children],
         ignore_conflicts=True)
     wake_workers()
 
 
 def start_child(lease: Lease, *, run_id: str, workflow: str, plan: Plan, input: dict[str, Any],
-                concurrency_key: str | None = None, clock: Clock = DATABASE) -> bool:
+                concurrency_key: str | None = None, deadline: timedelta | None = None, on_deadline: str | None = None,
+                clock: Clock = DATABASE) -> bool:
     """Record the pending child run `run_id` of the run `lease` holds, its parent recorded on it, in one commit
     fenced on the parent's epoch (a worker fenced out, the parent cancelled or taken over, starts nothing);
     return True if created, False if that child exists already with the same workflow and input (a step run
@@ -72,7 +77,8 @@ def start_child(lease: Lease, *, run_id: str, workflow: str, plan: Plan, input: 
                     RunState.objects.create(
                         run_id=run_id, workflow=workflow, plan_fingerprint=plan.fingerprint, input=input,
                         status=RunStatus.PENDING, parent_id=lease.run_id, concurrency_key=concurrency_key,
-                        created_at=clock.expression(), updated_at=clock.expression())
+                        created_at=clock.expression(), updated_at=clock.expression(), on_deadline=on_deadline,
+                        deadline_at=None if deadline is None else clock.expression(deadline))
                 created = True
             except IntegrityError:  # a stale worker of the same parent made it first: compare with it
                 pass

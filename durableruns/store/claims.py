@@ -50,12 +50,12 @@ _IN_QUEUES = "\n            AND queue = ANY(%(queues)s::text[])"
 # (RunStateQuerySet.claimable), so SQLite and PostgreSQL start runs in one order.
 _PROBES = """
          WITH ready AS MATERIALIZED (
-           SELECT run_id, priority, created_at, status, workflow, concurrency_key FROM run_state
+           SELECT run_id, priority, created_at, status, workflow, concurrency_key, deadline_at FROM run_state
             WHERE status IN ('pending', 'running')
               AND (status = 'pending' OR lease_expires_at < now() + %(shift)s){queues}{skip}
             ORDER BY priority DESC, created_at LIMIT 1 FOR UPDATE SKIP LOCKED),
          woken AS MATERIALIZED (
-           SELECT run_id, priority, created_at, wake_at, status, workflow, concurrency_key FROM run_state
+           SELECT run_id, priority, created_at, wake_at, status, workflow, concurrency_key, deadline_at FROM run_state
             WHERE status = 'waiting' AND wake_at <= now() + %(shift)s{queues}{skip}
             ORDER BY wake_at, created_at LIMIT 1 FOR UPDATE SKIP LOCKED)"""
 
@@ -69,7 +69,7 @@ _TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = e
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s,
          debounce_key = NULL"""
 _RETURNING = """RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
-            trace_context, key_run_id"""
+            trace_context, key_run_id, deadline_at"""
 
 # Without concurrency limits in this deploy: take the chosen run.
 _CLAIMED = """
@@ -114,12 +114,14 @@ WITH chosen AS MATERIALIZED (""" + _PROBES + """
   SELECT CASE WHEN wf THEN w.run_id ELSE r.run_id END AS run_id,
          CASE WHEN wf THEN w.status ELSE r.status END AS status,
          CASE WHEN wf THEN w.workflow ELSE r.workflow END AS workflow,
-         CASE WHEN wf THEN w.concurrency_key ELSE r.concurrency_key END AS concurrency_key
+         CASE WHEN wf THEN w.concurrency_key ELSE r.concurrency_key END AS concurrency_key,
+         CASE WHEN wf THEN w.deadline_at ELSE r.deadline_at END AS deadline_at
     FROM (VALUES (1)) AS one LEFT JOIN ready r ON true LEFT JOIN woken w ON true,
          LATERAL (SELECT """ + _WOKEN_FIRST + """ AS wf) AS pick),
 verdict AS MATERIALIZED (
   SELECT c.run_id, c.workflow AS limited_workflow, c.concurrency_key AS limited_key,
          CASE WHEN c.status = 'running' OR c.concurrency_key IS NULL OR %(limits)s::jsonb ->> c.workflow IS NULL
+                   OR c.deadline_at <= now() + %(shift)s  -- past its deadline: taken to be ended, never parked
               THEN true
               ELSE durableruns_admit(c.workflow, c.concurrency_key, (%(limits)s::jsonb ->> c.workflow)::int,
                                      c.run_id, %(shift)s) END AS admitted
@@ -136,7 +138,7 @@ taken AS (
          updated_at = now() + %(shift)s
     FROM verdict v WHERE run_state.run_id = v.run_id
   RETURNING run_state.run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
-            trace_context, key_run_id, v.admitted),
+            trace_context, key_run_id, run_state.deadline_at, v.admitted),
 claimed AS (SELECT * FROM taken WHERE admitted),
 parked AS (SELECT run_id FROM taken WHERE NOT admitted),"""
 
@@ -183,7 +185,9 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        -- the trace the run continues (durableruns.tracing; NULL unless started with the [otel] extra)
        c.trace_context, c.key_run_id,
        -- the run parked by its concurrency limit instead (nothing claimed): the caller claims again
-       (SELECT run_id FROM parked)
+       (SELECT run_id FROM parked),
+       -- whether its deadline has passed (durableruns.deadlines): the engine then ends it
+       coalesce(c.deadline_at <= now() + %(shift)s, false)
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
 _OTHER_READY = """(o.status = 'pending' OR o.lease_expires_at < now() + %(shift)s){other_queues}"""
@@ -217,7 +221,7 @@ LIMITED_CLAIMS = {key: _claim_text(in_queues=key[0], hints=key[1], skipping=key[
 CLAIM = CLAIMS[False, True, False]  # every queue, with hints: what a --loop worker sends
 
 
-Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any, "str | None"]
+Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any, "str | None", bool]
 
 
 def _pg_claim(*, owner: str, times: Times, first_steps: str,
@@ -294,7 +298,8 @@ def _pg_claim(*, owner: str, times: Times, first_steps: str,
         return None
     if hints:
         setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
-    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "", row[11], row[12])
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "", row[11], row[12],
+            bool(row[14]))
 
 
 _NEXT_DUE_ATTRIBUTE = "durableruns_next_due"  # on Django's connection wrapper, which is per thread
@@ -454,13 +459,14 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                 break
         if taken is None:
             return None
-        taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace, keys = taken
+        (taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace, keys,
+         overdue) = taken
         first = None if first_step is None else Intent(step=first_step, attempt=1, effect_key=str(first_key),
                                                       cursor=0)
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint, input=decoded(payload) or {},
                        attempts=[_attempt(a) for a in decoded(attempts)], first_intent=first,
-                       ending=ending or "", trace_context=decoded(trace), key_run_id=keys)
+                       ending=ending or "", trace_context=decoded(trace), key_run_id=keys, overdue=overdue)
     with transaction.atomic(using=conf.database(), durable=True):
         # Concurrency limits here: the limited runs whose key has no slot free are left out. SQLite has one writer
         # at a time (its transactions begin IMMEDIATE, durableruns.sqlite), so the count and the take are not
@@ -476,7 +482,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                 candidates = candidates.within_limits(limits(), clock.expression())
             candidates = candidates.select_for_update(skip_locked=True)
         row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending",
-                                "trace_context", "status", "concurrency_key", "key_run_id").first()
+                                "trace_context", "status", "concurrency_key", "key_run_id", "deadline_at").first()
         if row is None:
             return None
         if run_id is not None and on_postgresql() and not _admitted(row, clock):
@@ -502,6 +508,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         ending=row["ending"] or "",
         trace_context=row["trace_context"],
         key_run_id=row["key_run_id"],
+        overdue=row["deadline_at"] is not None and row["deadline_at"] <= clock.now(),
     )
 
 

@@ -29,13 +29,14 @@ from durableruns.store.sql import WAKE_CHANNEL, Times, hot_path, one, rowcount
 _CREATE_RUN = """
 WITH created AS (
   INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, lease_expires_at,
-                         wake_at, reason, input, priority, queue, trace_context, concurrency_key, created_at,
-                         updated_at)
+                         wake_at, reason, input, priority, queue, trace_context, concurrency_key, deadline_at,
+                         on_deadline, created_at, updated_at)
   VALUES (%(run)s, %(workflow)s, %(fingerprint)s,
           CASE WHEN %(wake)s::timestamptz IS NULL THEN 'pending' ELSE 'waiting' END, 0, '', 0, NULL,
           %(wake)s::timestamptz, CASE WHEN %(wake)s::timestamptz IS NULL THEN '' ELSE %(deferred)s END,
-          %(input)s::jsonb, %(priority)s, %(queue)s, %(trace)s::jsonb, %(limit_key)s::text, now() + %(shift)s,
-          now() + %(shift)s)
+          %(input)s::jsonb, %(priority)s, %(queue)s, %(trace)s::jsonb, %(limit_key)s::text,
+          coalesce(%(deadline_at)s::timestamptz, now() + %(shift)s + %(deadline_after)s::interval), %(on_deadline)s::text,
+          now() + %(shift)s, now() + %(shift)s)
   RETURNING run_id)
 SELECT pg_notify('""" + WAKE_CHANNEL + """', '') FROM created
 """
@@ -78,14 +79,17 @@ SELECT run_id FROM fence
 
 def _pg_create_run(*, run: str, workflow: str, fingerprint: str, input: str, trace: str | None = None, priority: int = 0,
                queue: str = "default", wake_at: datetime | None = None, deferred: str = "",
-               concurrency_key: str | None = None, shift: timedelta = timedelta(0)) -> None:
+               concurrency_key: str | None = None, deadline: timedelta | datetime | None = None,
+               on_deadline: str | None = None, shift: timedelta = timedelta(0)) -> None:
     """Record a pending run (`input`, and `trace`, its trace context or None, as JSON text) created at the
     database's now, or a waiting one until `wake_at` (with `deferred` as its reason): the row
     RunState.objects.create writes, without building it through the ORM. A duplicate run_id raises Django's
     IntegrityError."""
     rowcount(_CREATE_RUN, {"run": run, "workflow": workflow, "fingerprint": fingerprint, "input": input,
                             "trace": trace, "priority": priority, "queue": queue, "wake": wake_at,
-                            "deferred": deferred, "limit_key": concurrency_key, "shift": shift})
+                            "deferred": deferred, "limit_key": concurrency_key, "on_deadline": on_deadline,
+                            "deadline_at": deadline if isinstance(deadline, datetime) else None,
+                            "deadline_after": deadline if isinstance(deadline, timedelta) else None, "shift": shift})
 
 
 def _pg_renew_all(*, runs: list[str], epochs: list[int], seconds: list[float], shift: timedelta) -> set[str]:
@@ -109,22 +113,30 @@ def _pg_renew(*, run: str, epoch: int, times: Times) -> bool:
 def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict[str, Any],
                clock: Clock = DATABASE, plan: Plan | None = None, trace_context: dict[str, str] | None = None,
                priority: int = 0, queue: str = "default", run_after: datetime | None = None,
-               concurrency_key: str | None = None) -> None:
+               concurrency_key: str | None = None, deadline: timedelta | datetime | None = None,
+               on_deadline: str | None = None) -> None:
     """Record a pending run, created at the database's now; a worker picks it up (with `run_after`, a run
     waiting until then: the claim compares it with the database's now). `plan`, the run's plan, is recorded with
     it the first time this process starts a run of that fingerprint. `trace_context`: the trace the run's passes
     continue (durableruns.tracing), if one was current. `concurrency_key`: the key the run counts under for its
-    workflow's concurrency limit ("" for the whole workflow), or None for a workflow without one.
+    workflow's concurrency limit ("" for the whole workflow), or None for a workflow without one. `deadline`: when
+    the run must have ended, a time or a span from its creation at the database's now (durableruns.deadlines), and
+    `on_deadline` what it then ends as.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
     caller's own records do.
     """
     deferred = "" if run_after is None else DEFERRED
+    created = clock.expression()  # one reading on SQLite: a deadline span is counted from the very same moment
+    deadline_at: Any = deadline
+    if isinstance(deadline, timedelta):
+        deadline_at = created + deadline if isinstance(created, datetime) else clock.expression(deadline)
     fields = {"run_id": run_id, "workflow": workflow, "plan_fingerprint": plan_fingerprint, "input": input,
               "status": RunStatus.PENDING if run_after is None else RunStatus.WAITING, "wake_at": run_after,
               "reason": deferred, "priority": priority, "queue": queue, "concurrency_key": concurrency_key,
-              "created_at": clock.expression(), "updated_at": clock.expression(), "trace_context": trace_context}
+              "created_at": created, "updated_at": created, "trace_context": trace_context,
+              "deadline_at": deadline_at, "on_deadline": on_deadline}
     try:
         if connections[conf.database()].in_atomic_block:
             with transaction.atomic(using=conf.database()):
@@ -140,7 +152,8 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
                                  input=to_json(input, what="the input"),
                                  trace=None if trace_context is None else to_json(trace_context, what="the trace"),
                                  priority=priority, queue=queue, wake_at=run_after, deferred=deferred,
-                                 concurrency_key=concurrency_key, shift=clock.shift)
+                                 concurrency_key=concurrency_key, deadline=deadline, on_deadline=on_deadline,
+                                 shift=clock.shift)
             else:
                 RunState.objects.create(**fields)
     except IntegrityError:

@@ -2,7 +2,9 @@
 an operator must be told which run, on which thread, since when, while the other threads go on working.
 
 It reads the runs the heartbeat holds, so it sees exactly what this process has in hand, and ages each step on
-the database's clock. Each such step is logged once, and kept for the pass's summary.
+the database's clock. Each such step is logged once, and kept for the pass's summary. At each look it also ends
+the runs past their deadline that no claim will take (durableruns.deadlines.sweep): a run whose worker is inside a
+long step is fenced out, as a staff cancel would fence it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from durableruns import conf
+from durableruns import conf, deadlines
 from durableruns.clock import Clock
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import RunStep, StepStatus
@@ -74,7 +76,8 @@ def outlived(leases_of: Heartbeat, *, clock: Clock, margin: timedelta) -> list[O
 
 
 class Watchdog(Background):
-    """A thread that looks at the steps in hand every few seconds and logs each one past its timeout, once."""
+    """A thread that looks at the steps in hand every few seconds and logs each one past its timeout, once; and
+    ends the runs past their deadline that no claim takes."""
 
     thread_name = "durableruns-watchdog"
 
@@ -104,5 +107,10 @@ class Watchdog(Background):
                     if (step.run_id, step.attempt) not in self.seen:
                         self.seen[(step.run_id, step.attempt)] = step
                         log.warning("%s; it holds that thread, the others go on", step)
+                try:
+                    deadlines.sweep(clock=self.clock)
+                except (DatabaseError, InterfaceError) as exc:  # the next look sweeps again
+                    log.warning("watchdog: could not end the runs past their deadline: %s", exc)
+                    connections.close_all()
         finally:
             connections.close_all()  # this thread's own

@@ -53,6 +53,7 @@ def test_the_list_is_newest_first_with_each_runs_sentence(client_for, reader):
         "owner",
         "lease_expires_at",
         "wake_at",
+        "deadline_at",
         "reason",
         "created_at",
         "updated_at",
