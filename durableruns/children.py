@@ -74,6 +74,7 @@ def _asked(parent: str, step: str, workflow: Workflow | str, input: Any, key: An
         plan=flow.as_plan(),
         input=stored,
         concurrency_key=concurrency_key,
+        attributes=flow.attributes_of(stored),  # asked once, as start() asks them
     )
 
 
@@ -91,6 +92,7 @@ def start(
         plan=child.plan,
         input=child.input,
         concurrency_key=child.concurrency_key,
+        attributes=child.attributes,
         clock=clock,
     )
     return child.run_id

@@ -110,13 +110,14 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
     if concurrency_key is not None and (len(concurrency_key) > 200 or not _storable_text(concurrency_key)):
         raise InvalidInput(f"the concurrency key of {workflow_name} must be at most 200 storable characters, not "
                            f"{concurrency_key[:60]!r}")
+    attributes = workflow.attributes_of(input)  # asked once, here, and recorded with the run in its commit
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
     plan = workflow.as_plan()
     traces = tracing_in_use()
     trace_context = None if traces is None else traces.current_context()
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
                      trace_context=trace_context, priority=priority, queue=queue, run_after=run_after,
-                     concurrency_key=concurrency_key)
+                     concurrency_key=concurrency_key, attributes=attributes)
     return run_id
 
 

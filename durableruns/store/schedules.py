@@ -39,7 +39,8 @@ def schedule_marks(names: list[str], *, now: datetime) -> dict[str, datetime]:
 
 
 def start_slots(*, schedule: str, slots: list[tuple[datetime, str]], workflow: str, plan: Plan,
-                input: dict[str, Any], clock: Clock = DATABASE, concurrency_key: str | None = None) -> list[str]:
+                input: dict[str, Any], clock: Clock = DATABASE, concurrency_key: str | None = None,
+                attributes: dict[str, Any] | None = None) -> list[str]:
     """Start the run of each (slot, run_id) later than the schedule's last slot, and record the latest as its
     last, in one commit under the schedule's row lock; return the run_ids started.
 
@@ -56,7 +57,7 @@ def start_slots(*, schedule: str, slots: list[tuple[datetime, str]], workflow: s
         for _, run_id in fresh:
             try:
                 create_run(run_id=run_id, workflow=workflow, plan_fingerprint=plan.fingerprint, input=input,
-                           clock=clock, plan=plan, concurrency_key=concurrency_key)
+                           clock=clock, plan=plan, concurrency_key=concurrency_key, attributes=attributes)
             except DuplicateRun:
                 continue
             started.append(run_id)
