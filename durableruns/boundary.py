@@ -65,6 +65,9 @@ class Boundary:
     # Steps whose next attempt waits for its turn under the step's rate limit (durableruns.rates), by name ->
     # (key, the moment the turn comes).
     turns: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
+    # The run's attributes (durableruns.attributes), name -> str or int: filled by boundary(run_id), the edges'
+    # read of one run; empty where a list computes many boundaries.
+    attributes: Mapping[str, str | int] = field(default_factory=dict)
 
     def zone(self, step: str) -> Zone:
         """Return the zone of one step of the plan."""

@@ -12,10 +12,11 @@ from datetime import datetime
 from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 
 from durableruns import conf, holdings, store
+from durableruns.attributes import from_record
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.errors import RunNotFound, UnknownWorkflow
 from durableruns.holdings import Holding
-from durableruns.models import Escalation, RunState, RunStatus, RunStep
+from durableruns.models import Escalation, RunAttribute, RunState, RunStatus, RunStep
 from durableruns.passes import step_timeout
 from durableruns.plans import Plan, lacking
 from durableruns.policies import Policy
@@ -127,8 +128,29 @@ def get_run(run_id: str) -> RunState:
 
 
 def run_boundary(run_id: str) -> Boundary:
-    """Return the recovery boundary of a run, as a resume would compute it."""
-    return boundary_of(get_run(run_id))
+    """Return the recovery boundary of a run, as a resume would compute it, with the run's attributes."""
+    run = get_run(run_id)
+    return replace(boundary_of(run), attributes=attributes_of(run))
+
+
+def attributes_of(run: RunState) -> dict[str, str | int]:
+    """The run's attributes, name -> str or int, in name order (prefetched ones, prefetch_related("attributes"),
+    cost nothing)."""
+    rows = sorted(run.attributes.all(), key=lambda a: a.name)
+    return {a.name: from_record(a.value_text, a.kind) for a in rows}
+
+
+def with_attributes(runs: QuerySet[RunState], pairs: Iterable[tuple[str, str]]) -> QuerySet[RunState]:
+    """The runs of `runs` that have every (name, value text) of `pairs`: an exact match, an integer attribute by
+    its decimal text; each pair one EXISTS through the (name, value_text) index."""
+    for name, value in pairs:
+        runs = runs.filter(Exists(RunAttribute.objects.filter(run_id=OuterRef("pk"), name=name, value_text=value)))
+    return runs
+
+
+def with_attribute_value(value: str) -> QuerySet[RunAttribute]:
+    """The attributes of any name whose value text is exactly `value` (the admin's search), by the value index."""
+    return RunAttribute.objects.filter(value_text=value)
 
 
 def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:
