@@ -15,7 +15,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from durableruns import services
+from durableruns.attributes import parse_filter
 from durableruns.boundary import Boundary, Zone
+from durableruns.errors import InvalidInput
 from durableruns.holdings import HoldState
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
 from durableruns.registry import startable_workflows
@@ -216,6 +218,10 @@ class StaffNoteSerializer(serializers.Serializer):
     note = serializers.CharField(help_text="Why: what was checked, and where. Required.")
 
 
+# A run's attributes in the schema: name -> a string or an integer (durableruns.attributes).
+ATTRIBUTES_SCHEMA = {"type": "object", "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}
+
+
 class RunFilterSerializer(serializers.Serializer):
     """Query parameters of GET /api/runs/; blank ones are ignored."""
 
@@ -231,6 +237,18 @@ class RunFilterSerializer(serializers.Serializer):
         allow_blank=True,
         help_text="Runs waiting at this wait step (a sleep, a wait for an event, an approval).",
     )
+    attr = serializers.ListField(
+        child=serializers.CharField(max_length=300, trim_whitespace=False),
+        required=False,
+        help_text="name:value, repeatable: runs with every one of these attributes, exact values (an integer "
+        "attribute matches its decimal text), e.g. attr=po:PO-2026-0041.",
+    )
+
+    def validate_attr(self, value: list[str]) -> list[tuple[str, str]]:
+        try:
+            return [parse_filter(text) for text in value]
+        except InvalidInput as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
 
 class EscalationFilterSerializer(serializers.Serializer):
@@ -333,6 +351,9 @@ class RunSerializer(serializers.ModelSerializer):
     sentence = serializers.SerializerMethodField(
         help_text="e.g. '6 steps complete, charge in doubt since 14:07, 3 steps remaining'"
     )
+    attributes = serializers.SerializerMethodField(
+        help_text="The run's attributes, name -> string or integer (Workflow(attributes=), ctx.set_attributes)."
+    )
 
     class Meta:
         model = RunState
@@ -341,6 +362,7 @@ class RunSerializer(serializers.ModelSerializer):
             "workflow",
             "status",
             "sentence",
+            "attributes",
             "cursor",
             "owner",
             "lease_expires_at",
@@ -353,6 +375,10 @@ class RunSerializer(serializers.ModelSerializer):
 
     def get_sentence(self, run: RunState) -> str:
         return _sentence(self, run)
+
+    @extend_schema_field(ATTRIBUTES_SCHEMA)
+    def get_attributes(self, run: RunState) -> dict[str, str | int]:
+        return services.attributes_of(run)
 
 
 class PlanStepSerializer(serializers.Serializer):

@@ -15,7 +15,6 @@ from durableruns.errors import DeclarationError, FencedOut, InvalidInput
 from durableruns.models import RunAttribute, RunState, RunStatus, RunStep
 from durableruns.ops import prune
 from durableruns.registry import Workflow
-import tests.attribute_workflows  # noqa: F401  (declares attributed_order)
 from tests.attribute_workflows import order_input
 
 pytestmark = pytest.mark.django_db(transaction=True)
