@@ -12,7 +12,7 @@ from datetime import datetime
 from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 
 from durableruns import conf, holdings, store
-from durableruns.attributes import from_record
+from durableruns.attributes import VALUE_LIMIT, from_record
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.errors import RunNotFound, UnknownWorkflow
 from durableruns.holdings import Holding
@@ -148,9 +148,13 @@ def with_attributes(runs: QuerySet[RunState], pairs: Iterable[tuple[str, str]]) 
     return runs
 
 
-def with_attribute_value(value: str) -> QuerySet[RunAttribute]:
-    """The attributes of any name whose value text is exactly `value` (the admin's search), by the value index."""
-    return RunAttribute.objects.filter(value_text=value)
+def attribute_value_run_ids(value: str, *, limit: int = 1000) -> list[str]:
+    """The ids of runs (at most `limit`) with an attribute of any name whose value text is exactly `value`: the
+    admin's search, read first by run_attribute's value index, so the runs' filter is an index condition."""
+    if len(value) > VALUE_LIMIT:
+        return []
+    rows = RunAttribute.objects.filter(value_text=value).order_by().values_list("run_id", flat=True).distinct()
+    return list(rows[:limit])
 
 
 def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:
