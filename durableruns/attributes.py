@@ -32,15 +32,24 @@ def declare(workflow: str, attributes: Mapping[str, Source] | None) -> dict[str,
     if attributes is None:
         return {}
     if not isinstance(attributes, Mapping):
-        raise DeclarationError(f"workflow {workflow!r}: attributes must be a dict of name -> input key or function, "
-                               f"not {type(attributes).__name__}", workflow=workflow)
+        raise DeclarationError(
+            f"workflow {workflow!r}: attributes must be a dict of name -> input key or function, "
+            f"not {type(attributes).__name__}",
+            workflow=workflow,
+        )
     for name, source in attributes.items():
         if not valid_name(name):
-            raise DeclarationError(f"workflow {workflow!r}: attribute name {name!r} must be an identifier of at most "
-                                   f"{NAME_LIMIT} characters", workflow=workflow)
+            raise DeclarationError(
+                f"workflow {workflow!r}: attribute name {name!r} must be an identifier of at most "
+                f"{NAME_LIMIT} characters",
+                workflow=workflow,
+            )
         if not (isinstance(source, str) or callable(source)):
-            raise DeclarationError(f"workflow {workflow!r}: attribute {name!r} must be an input key (a string) or a "
-                                   f"function of the input, not {source!r}", workflow=workflow)
+            raise DeclarationError(
+                f"workflow {workflow!r}: attribute {name!r} must be an input key (a string) or a "
+                f"function of the input, not {source!r}",
+                workflow=workflow,
+            )
     return dict(attributes)
 
 
@@ -49,8 +58,10 @@ def checked(values: Mapping[str, Any], *, where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in values.items():
         if not valid_name(name):
-            raise InvalidInput(f"{where}: attribute name {name!r} must be an identifier of at most {NAME_LIMIT} "
-                               f"characters", attribute=str(name)[:NAME_LIMIT])
+            raise InvalidInput(
+                f"{where}: attribute name {name!r} must be an identifier of at most {NAME_LIMIT} characters",
+                attribute=str(name)[:NAME_LIMIT],
+            )
         out[name] = checked_value(name, value, where=where)
     return out
 
@@ -58,18 +69,24 @@ def checked(values: Mapping[str, Any], *, where: str) -> dict[str, Any]:
 def checked_value(name: str, value: Any, *, where: str) -> str | int:
     """The value of attribute `name` if it may be recorded, else InvalidInput naming it."""
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise InvalidInput(f"{where}: attribute {name!r} must be a string or an integer, not "
-                           f"{type(value).__name__}", attribute=name)
+        raise InvalidInput(
+            f"{where}: attribute {name!r} must be a string or an integer, not {type(value).__name__}", attribute=name
+        )
     if isinstance(value, str):
         if len(value) > VALUE_LIMIT:
-            raise InvalidInput(f"{where}: attribute {name!r} is {len(value)} characters long, at most {VALUE_LIMIT} "
-                               f"are recorded", attribute=name)
+            raise InvalidInput(
+                f"{where}: attribute {name!r} is {len(value)} characters long, at most {VALUE_LIMIT} are recorded",
+                attribute=name,
+            )
         if not _storable(value):
-            raise InvalidInput(f"{where}: attribute {name!r} holds a NUL character or a lone surrogate, which "
-                               f"cannot be stored", attribute=name)
+            raise InvalidInput(
+                f"{where}: attribute {name!r} holds a NUL character or a lone surrogate, which cannot be stored",
+                attribute=name,
+            )
     elif len(str(value)) > VALUE_LIMIT:
-        raise InvalidInput(f"{where}: attribute {name!r} is an integer of more than {VALUE_LIMIT} digits",
-                           attribute=name)
+        raise InvalidInput(
+            f"{where}: attribute {name!r} is an integer of more than {VALUE_LIMIT} digits", attribute=name
+        )
     return value
 
 
@@ -81,15 +98,18 @@ def asked(workflow: str, declared: Mapping[str, Source], input: dict[str, Any]) 
     for name, source in declared.items():
         if isinstance(source, str):
             if source not in input:
-                raise InvalidInput(f"{where}: attribute {name!r} reads the input's {source!r}, which it lacks",
-                                   attribute=name)
+                raise InvalidInput(
+                    f"{where}: attribute {name!r} reads the input's {source!r}, which it lacks", attribute=name
+                )
             value = input[source]
         else:
             try:
                 value = source(input)
             except Exception as exc:  # users' code, asked of an input it may not fit: the start is refused
-                raise InvalidInput(f"{where}: attribute {name!r} cannot be read from this input "
-                                   f"({type(exc).__name__}: {exc})", attribute=name) from exc
+                raise InvalidInput(
+                    f"{where}: attribute {name!r} cannot be read from this input ({type(exc).__name__}: {exc})",
+                    attribute=name,
+                ) from exc
         values[name] = checked_value(name, value, where=where)
     return values
 
@@ -110,8 +130,10 @@ def parse_filter(text: str) -> tuple[str, str]:
     if not colon:
         raise InvalidInput(f"attr must be name:value, not {text[:80]!r}")
     if not valid_name(name):
-        raise InvalidInput(f"attr {text[:80]!r}: {name[:60]!r} is not an attribute name (an identifier of at most "
-                           f"{NAME_LIMIT} characters)")
+        raise InvalidInput(
+            f"attr {text[:80]!r}: {name[:60]!r} is not an attribute name (an identifier of at most "
+            f"{NAME_LIMIT} characters)"
+        )
     if len(value) > VALUE_LIMIT or not _storable(value):
         raise InvalidInput(f"attr {text[:80]!r}: the value must be at most {VALUE_LIMIT} storable characters")
     return name, value

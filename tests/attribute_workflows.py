@@ -6,8 +6,14 @@ from typing import Any
 
 from durableruns import Workflow
 
-attributed = Workflow("attributed_order", attributes={"po": "po_number", "buyer": lambda input: input["buyer"]["name"],
-                                                      "lines": lambda input: len(input.get("lines", []))})
+attributed = Workflow(
+    "attributed_order",
+    attributes={
+        "po": "po_number",
+        "buyer": lambda input: input["buyer"]["name"],
+        "lines": lambda input: len(input.get("lines", [])),
+    },
+)
 
 
 @attributed.step(policy="re_executable", max_attempts=2)
@@ -28,8 +34,9 @@ def ship(ctx: Any) -> dict[str, Any]:
     ctx.set_attributes(amount=99, carrier="DHL")
     if ctx.input.get("children"):
         for n in range(ctx.input["children"]):
-            ctx.start_run("attributed_order", {"po_number": f"{ctx.input['po_number']}-{n}",
-                                               "buyer": ctx.input["buyer"]}, key=n)
+            ctx.start_run(
+                "attributed_order", {"po_number": f"{ctx.input['po_number']}-{n}", "buyer": ctx.input["buyer"]}, key=n
+            )
     return {"shipped": True}
 
 
@@ -37,8 +44,9 @@ def ship(ctx: Any) -> dict[str, Any]:
 def notify(ctx: Any) -> dict[str, Any]:
     """A resolvable step: its child runs are started in commits of their own (store.start_child)."""
     if ctx.input.get("resolvable_child"):
-        ctx.start_run("attributed_order", {"po_number": f"{ctx.input['po_number']}-r",
-                                           "buyer": ctx.input["buyer"]}, key="r")
+        ctx.start_run(
+            "attributed_order", {"po_number": f"{ctx.input['po_number']}-r", "buyer": ctx.input["buyer"]}, key="r"
+        )
     return {"notified": True}
 
 

@@ -16,15 +16,30 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="RunAttribute",
             fields=[
-                ("pk", models.CompositePrimaryKey("run_id", "name", blank=True, editable=False, primary_key=True,
-                                                  serialize=False)),
-                ("run", models.ForeignKey(db_column="run_id", db_index=False,
-                                          on_delete=django.db.models.deletion.CASCADE, related_name="attributes",
-                                          to="durableruns.runstate")),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "run_id", "name", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        db_column="run_id",
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="attributes",
+                        to="durableruns.runstate",
+                    ),
+                ),
                 ("name", models.CharField(max_length=50)),
                 ("value_text", models.CharField(max_length=200)),
-                ("kind", models.CharField(default="s", help_text="s: a string; i: an integer (its decimal text)",
-                                          max_length=1)),
+                (
+                    "kind",
+                    models.CharField(
+                        default="s", help_text="s: a string; i: an integer (its decimal text)", max_length=1
+                    ),
+                ),
             ],
             options={
                 "verbose_name": "run attribute",

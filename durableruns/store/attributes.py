@@ -17,13 +17,20 @@ def write_attributes(run_id: str, values: Mapping[str, Any]) -> None:
         return
     RunAttribute.objects.filter(run_id=run_id, name__in=list(values)).delete()
     RunAttribute.objects.bulk_create(
-        [RunAttribute(run_id=run_id, name=name, value_text=text, kind=kind)
-         for name, (text, kind) in ((name, as_record(value)) for name, value in values.items())])
+        [
+            RunAttribute(run_id=run_id, name=name, value_text=text, kind=kind)
+            for name, (text, kind) in ((name, as_record(value)) for name, value in values.items())
+        ]
+    )
 
 
 def write_many(rows: Mapping[str, Mapping[str, Any]]) -> None:
     """The attributes of runs just created in the caller's transaction (child runs): {run_id: values}."""
     RunAttribute.objects.bulk_create(
-        [RunAttribute(run_id=run_id, name=name, value_text=as_record(value)[0], kind=as_record(value)[1])
-         for run_id, values in rows.items() for name, value in values.items()],
-        ignore_conflicts=True)  # a child recorded already kept the attributes of its first commit
+        [
+            RunAttribute(run_id=run_id, name=name, value_text=as_record(value)[0], kind=as_record(value)[1])
+            for run_id, values in rows.items()
+            for name, value in values.items()
+        ],
+        ignore_conflicts=True,
+    )  # a child recorded already kept the attributes of its first commit

@@ -57,8 +57,17 @@ def test_attr_finds_runs_by_exact_value_every_one_must_match(client_for, reader,
     assert found(client, "?attr=invoice:") == []
 
 
-@pytest.mark.parametrize("query", ["?attr=po", "?attr=:PO-1", "?attr=not a name:x", "?attr=" + "n" * 51 + ":x",
-                                   "?attr=po:ok&attr=nocolon", "?attr=po:" + "x" * 201])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "?attr=po",
+        "?attr=:PO-1",
+        "?attr=not a name:x",
+        "?attr=" + "n" * 51 + ":x",
+        "?attr=po:ok&attr=nocolon",
+        "?attr=po:" + "x" * 201,
+    ],
+)
 def test_a_malformed_attr_is_a_400(client_for, reader, orders, query):
     response = client_for(reader).get(f"/api/runs/{query}")
     assert response.status_code == 400, response.content
@@ -67,14 +76,17 @@ def test_a_malformed_attr_is_a_400(client_for, reader, orders, query):
 
 def test_a_start_whose_attribute_cannot_be_read_is_a_400_recording_nothing(client_for, starter):
     response = client_for(starter).post(
-        "/api/runs/", {"workflow": "attributed_order", "input": {"buyer": {"name": "Acme"}}, "run_id": "po-x"},
-        format="json")
+        "/api/runs/",
+        {"workflow": "attributed_order", "input": {"buyer": {"name": "Acme"}}, "run_id": "po-x"},
+        format="json",
+    )
     assert response.status_code == 400, response.content
     assert "'po'" in response.json()["detail"]
     assert not RunState.objects.filter(pk="po-x").exists() and not RunAttribute.objects.exists()
 
     response = client_for(starter).post(
-        "/api/runs/", {"workflow": "attributed_order", "input": order_input("PO-API")}, format="json")
+        "/api/runs/", {"workflow": "attributed_order", "input": order_input("PO-API")}, format="json"
+    )
     assert response.status_code == 201, response.content
     assert response.json()["attributes"]["po"] == "PO-API"
 

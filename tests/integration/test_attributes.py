@@ -67,14 +67,17 @@ def test_a_bad_value_in_set_attributes_is_the_steps_error() -> None:
     assert "invoice" not in attrs(run_id)
 
 
-@pytest.mark.parametrize(("input", "named"), [
-    ({"buyer": {"name": "Acme"}}, "'po'"),                                  # a missing input key
-    ({"po_number": "PO-1", "buyer": "Acme"}, "'buyer'"),                    # the function raises
-    ({"po_number": "x" * 201, "buyer": {"name": "Acme"}}, "'po'"),          # too long
-    ({"po_number": 4.5, "buyer": {"name": "Acme"}}, "'po'"),                # neither str nor int
-    ({"po_number": True, "buyer": {"name": "Acme"}}, "'po'"),               # a bool is not an int
-    ({"po_number": "PO-1", "buyer": {"name": ["Acme"]}}, "'buyer'"),
-])
+@pytest.mark.parametrize(
+    ("input", "named"),
+    [
+        ({"buyer": {"name": "Acme"}}, "'po'"),  # a missing input key
+        ({"po_number": "PO-1", "buyer": "Acme"}, "'buyer'"),  # the function raises
+        ({"po_number": "x" * 201, "buyer": {"name": "Acme"}}, "'po'"),  # too long
+        ({"po_number": 4.5, "buyer": {"name": "Acme"}}, "'po'"),  # neither str nor int
+        ({"po_number": True, "buyer": {"name": "Acme"}}, "'po'"),  # a bool is not an int
+        ({"po_number": "PO-1", "buyer": {"name": ["Acme"]}}, "'buyer'"),
+    ],
+)
 def test_a_bad_value_at_start_is_invalid_input_naming_it_and_nothing_is_recorded(input, named) -> None:
     with pytest.raises(InvalidInput, match=named) as raised:
         durableruns.start("attributed_order", input, run_id="po-refused")
@@ -83,9 +86,16 @@ def test_a_bad_value_at_start_is_invalid_input_naming_it_and_nothing_is_recorded
     assert not RunAttribute.objects.exists()
 
 
-@pytest.mark.parametrize("attributes", [
-    {"not an identifier": "po"}, {"x" * 51: "po"}, {"po": 3}, {"po": None}, ["po"],
-])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"not an identifier": "po"},
+        {"x" * 51: "po"},
+        {"po": 3},
+        {"po": None},
+        ["po"],
+    ],
+)
 def test_a_bad_declaration_is_refused_at_import(attributes) -> None:
     with pytest.raises(DeclarationError):
         Workflow("attributed_badly", attributes=attributes)
@@ -95,8 +105,15 @@ def test_a_fenced_out_worker_writes_no_attributes() -> None:
     run_id = durableruns.start("attributed_order", order_input(), run_id="po-fenced")
     lease = store.Lease(run_id=run_id, owner="stale", epoch=RunState.objects.get(pk=run_id).epoch + 7, seconds=30)
     with pytest.raises(FencedOut):
-        store.record_result(lease, step="invoice", attempt=1, result={}, cursor=1, intent_recorded=False,
-                            attributes={"invoice": "INV-stale"})
+        store.record_result(
+            lease,
+            step="invoice",
+            attempt=1,
+            result={},
+            cursor=1,
+            intent_recorded=False,
+            attributes={"invoice": "INV-stale"},
+        )
     assert "invoice" not in attrs(run_id)
 
 
@@ -129,8 +146,9 @@ def test_attributes_go_with_their_run_when_it_is_deleted_or_pruned() -> None:
 
     pruned = durableruns.start("attributed_order", order_input(po="PO-PRUNED"), run_id="po-pruned")
     kept = durableruns.start("attributed_order", order_input(po="PO-KEPT"), run_id="po-kept")
-    RunState.objects.filter(pk=pruned).update(status=RunStatus.COMPLETED,
-                                              updated_at=Clock().now() - timedelta(days=400))
+    RunState.objects.filter(pk=pruned).update(
+        status=RunStatus.COMPLETED, updated_at=Clock().now() - timedelta(days=400)
+    )
     report = prune.prune(older_than_days=30)
     assert report.runs == 1 and report.attributes == 3
     assert not RunAttribute.objects.filter(run_id=pruned).exists()
