@@ -83,11 +83,11 @@ def checked_value(name: str, value: Any, *, where: str) -> str | int:
                 f"{where}: attribute {name!r} holds a NUL character or a lone surrogate, which cannot be stored",
                 attribute=name,
             )
-    elif len(str(value)) > VALUE_LIMIT:
+    elif value.bit_length() > 700 or len(str(value)) > VALUE_LIMIT:  # str() of a huge int would raise
         raise InvalidInput(
             f"{where}: attribute {name!r} is an integer of more than {VALUE_LIMIT} digits", attribute=name
         )
-    return value
+    return str(value) if isinstance(value, str) else int(value)
 
 
 def asked(workflow: str, declared: Mapping[str, Source], input: dict[str, Any]) -> dict[str, Any]:

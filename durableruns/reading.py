@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
+from typing import TypeVar
 
 from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 
@@ -23,6 +24,8 @@ from durableruns.policies import Policy
 from durableruns.rates import WAITING_FOR_TURN
 from durableruns.registry import Step, get_workflow, workflows
 from durableruns.waits import KINDS
+
+Runs = TypeVar("Runs", bound=QuerySet[RunState])  # a queryset of runs, its own class kept (RunStateQuerySet)
 
 
 def run_plan(run: RunState) -> Plan | None:
@@ -140,7 +143,7 @@ def attributes_of(run: RunState) -> dict[str, str | int]:
     return {a.name: from_record(a.value_text, a.kind) for a in rows}
 
 
-def with_attributes(runs: QuerySet[RunState], pairs: Iterable[tuple[str, str]]) -> QuerySet[RunState]:
+def with_attributes(runs: Runs, pairs: Iterable[tuple[str, str]]) -> Runs:
     """The runs of `runs` that have every (name, value text) of `pairs`: an exact match, an integer attribute by
     its decimal text; each pair one EXISTS through the (name, value_text) index."""
     for name, value in pairs:
