@@ -70,6 +70,9 @@ class Boundary:
     debounced_until: datetime | None = None
     # When the run must have ended (durableruns.deadlines), if it has a deadline: the sentence names it.
     deadline: datetime | None = None
+    # The run's attributes (durableruns.attributes), name -> str or int: filled by boundary(run_id), the edges'
+    # read of one run; empty where a list computes many boundaries.
+    attributes: Mapping[str, str | int] = field(default_factory=dict)
 
     def zone(self, step: str) -> Zone:
         """Return the zone of one step of the plan."""

@@ -76,6 +76,7 @@ def _asked(parent: str, step: str, workflow: Workflow | str, input: Any, key: An
         concurrency_key=concurrency_key,
         deadline=flow.deadline,  # its workflow's own (durableruns.deadlines); its parent's ends it too, cancelled
         on_deadline=flow.on_deadline if flow.deadline is not None else None,
+        attributes=flow.attributes_of(stored),  # asked once, as start() asks them
     )
 
 
@@ -95,6 +96,7 @@ def start(
         concurrency_key=child.concurrency_key,
         deadline=child.deadline,
         on_deadline=child.on_deadline,
+        attributes=child.attributes,
         clock=clock,
     )
     return child.run_id

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from django.db import connections
 
 from durableruns import faults
+from durableruns.attributes import checked
 from durableruns.encoding import to_json
 from durableruns.errors import DeclarationError, ResultNotJSON
 
@@ -48,6 +49,7 @@ class StepContext:
         loop_start: int = 0,
         checkpoint: Checkpoint | None = None,
         start_child: StartChild | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
         self.step = step
@@ -66,6 +68,7 @@ class StepContext:
         self._checkpoint = checkpoint
         self._looped = False
         self._start_child = start_child
+        self._attributes = attributes  # where set_attributes keeps them for the step's result commit
         self._thread = threading.get_ident()  # the engine's thread: the only one that writes the record
 
     def __repr__(self) -> str:
@@ -84,6 +87,16 @@ class StepContext:
         if threading.get_ident() != self._thread:
             raise DeclarationError(f"{self.step}: start_run from ctx.map's threads: start children from the step")
         return self._start_child(workflow, input, key)
+
+    def set_attributes(self, **values: Any) -> None:
+        """Add or replace attributes of this run (durableruns.attributes), recorded with this step's result in
+        the same commit: a step that raises afterwards, or a worker that crashes or is fenced out before that
+        commit, records none. A bad name or value is InvalidInput, raised here: the attempt fails with it."""
+        if self._attributes is None:
+            raise DeclarationError(f"{self.step}: set_attributes is for a step's call, not a lookup or a when=")
+        if threading.get_ident() != self._thread:
+            raise DeclarationError(f"{self.step}: set_attributes from ctx.map's threads: set them from the step")
+        self._attributes.update(checked(values, where=f"step {self.step}"))
 
     def loop(self, items: Sequence[T], every: int = 25) -> Iterator[T]:
         """Yield `items` from the last checkpoint on, committing the index and `progress` every `every` items."""

@@ -355,6 +355,7 @@ class Engine:
             store.record_result(lease, step=step.name, attempt=intent.attempt, result=result, cursor=index + 1,
                                 clock=self.clock, intent_recorded=recorded, effect_key=intent.effect_key,
                                 next_intent=next_intent, finish=last, encoded=encoded,
+                                attributes=state.attributes,  # what ctx.set_attributes gave, in this commit
                                 children=list(state.children.values()))  # commit 2, the last thing the step does
             state.children = {}
             state.finished = last
@@ -377,7 +378,7 @@ class Engine:
                              progress=progress, clock=self.clock)
             state.loop_cursor, state.progress = loop_cursor, copy.deepcopy(progress)  # as committed
 
-        state.children = {}  # what this attempt asks for; a raise drops it (a new attempt asks again)
+        state.children, state.attributes = {}, {}  # what this attempt asks for; a raise drops it
 
         def start_child(workflow: Workflow | str, input: Any, key: Any) -> str:
             if step.policy is Policy.RE_EXECUTABLE:  # recorded with the step's result (durableruns.children)
@@ -389,7 +390,7 @@ class Engine:
             effect_key=intent.effect_key, attempt=intent.attempt,
             timeout=step_timeout(step),
             progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
-            start_child=start_child,
+            start_child=start_child, attributes=state.attributes,
         )
         ensure_autocommit()
         with _traced_call(state, step, intent.attempt):

@@ -323,6 +323,28 @@ class RunStep(models.Model):
         )
 
 
+class RunAttribute(models.Model):
+    """One attribute of a run (durableruns.attributes): its name and value, the value as text beside its kind."""
+
+    pk = models.CompositePrimaryKey("run_id", "name")
+    run = models.ForeignKey(RunState, on_delete=models.CASCADE, db_column="run_id", related_name="attributes",
+                            db_index=False)  # the primary key (run_id, name) serves lookups by run
+    name = models.CharField(max_length=50)
+    value_text = models.CharField(max_length=200)
+    kind = models.CharField(max_length=1, default="s", help_text="s: a string; i: an integer (its decimal text)")
+
+    class Meta:
+        db_table = "run_attribute"
+        verbose_name = "run attribute"
+        indexes = [
+            models.Index(fields=["name", "value_text"], name="run_attribute_name_value_idx"),  # ?attr=name:value
+            models.Index(fields=["value_text"], name="run_attribute_value_idx"),  # the admin's any-name search
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.name}={self.value_text}"
+
+
 class Escalation(models.Model):
     """An in-doubt step that no machine can settle, opened by the engine for a person to decide."""
 

@@ -91,6 +91,8 @@ class Pass:
     attempts: list[StepAttempt] = field(default_factory=list)
     # The child runs the attempt in hand asked for, recorded with its result (a re_executable step's).
     children: dict[str, NewChild] = field(default_factory=dict)
+    # The attributes the attempt in hand set (ctx.set_attributes), recorded with its result.
+    attributes: dict[str, Any] = field(default_factory=dict)
 
     def tally(self, step: str) -> list[int]:
         """[failures, crashes] of `step` since staff last gave it a fresh count; the pass adds to it in place."""

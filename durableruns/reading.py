@@ -8,20 +8,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
+from typing import TypeVar
 
 from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
 
 from durableruns import conf, holdings, store
+from durableruns.attributes import VALUE_LIMIT, from_record
 from durableruns.boundary import Boundary, compute_boundary
 from durableruns.errors import RunNotFound, UnknownWorkflow
 from durableruns.holdings import Holding
-from durableruns.models import Escalation, RunState, RunStatus, RunStep
+from durableruns.models import Escalation, RunAttribute, RunState, RunStatus, RunStep
 from durableruns.passes import step_timeout
 from durableruns.plans import Plan, lacking
 from durableruns.policies import Policy
 from durableruns.rates import WAITING_FOR_TURN
 from durableruns.registry import Step, get_workflow, workflows
 from durableruns.waits import KINDS
+
+Runs = TypeVar("Runs", bound=QuerySet[RunState])  # a queryset of runs, its own class kept (RunStateQuerySet)
 
 
 def run_plan(run: RunState) -> Plan | None:
@@ -135,8 +139,33 @@ def get_run(run_id: str) -> RunState:
 
 
 def run_boundary(run_id: str) -> Boundary:
-    """Return the recovery boundary of a run, as a resume would compute it."""
-    return boundary_of(get_run(run_id))
+    """Return the recovery boundary of a run, as a resume would compute it, with the run's attributes."""
+    run = get_run(run_id)
+    return replace(boundary_of(run), attributes=attributes_of(run))
+
+
+def attributes_of(run: RunState) -> dict[str, str | int]:
+    """The run's attributes, name -> str or int, in name order (prefetched ones, prefetch_related("attributes"),
+    cost nothing)."""
+    rows = sorted(run.attributes.all(), key=lambda a: a.name)
+    return {a.name: from_record(a.value_text, a.kind) for a in rows}
+
+
+def with_attributes(runs: Runs, pairs: Iterable[tuple[str, str]]) -> Runs:
+    """The runs of `runs` that have every (name, value text) of `pairs`: an exact match, an integer attribute by
+    its decimal text; each pair one EXISTS through the (name, value_text) index."""
+    for name, value in pairs:
+        runs = runs.filter(Exists(RunAttribute.objects.filter(run_id=OuterRef("pk"), name=name, value_text=value)))
+    return runs
+
+
+def attribute_value_run_ids(value: str, *, limit: int = 1000) -> list[str]:
+    """The ids of runs (at most `limit`) with an attribute of any name whose value text is exactly `value`: the
+    admin's search, read first by run_attribute's value index, so the runs' filter is an index condition."""
+    if len(value) > VALUE_LIMIT:
+        return []
+    rows = RunAttribute.objects.filter(value_text=value).order_by().values_list("run_id", flat=True).distinct()
+    return list(rows[:limit])
 
 
 def outlived_timeout(run: RunState, b: Boundary, *, now: datetime) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from durableruns import attributes as run_attributes
 from durableruns.errors import DeclarationError, InvalidInput, UnknownWorkflow
 from durableruns.holdings import Acquisition, release_step
 from durableruns.plans import Plan, PlanSteps, fingerprint_of
@@ -58,7 +59,8 @@ class Workflow:
 
     def __init__(self, name: str, *, replace: bool = False, concurrency: int | None = None,
                  concurrency_key: Callable[[dict[str, Any]], Any] | None = None, internal: bool = False,
-                 deadline: timedelta | None = None, on_deadline: str = "cancel") -> None:
+                 deadline: timedelta | None = None, on_deadline: str = "cancel",
+                 attributes: dict[str, run_attributes.Source] | None = None) -> None:
         if not name or not isinstance(name, str):
             raise DeclarationError("a workflow needs a non-empty name")
         if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
@@ -72,6 +74,7 @@ class Workflow:
             raise DeclarationError(f"workflow {name[:40]!r}... has a {len(name)}-character name: the record "
                                    f"stores at most {NAME_LIMIT}", workflow=name)
         self.name = name
+        self.attributes = run_attributes.declare(name, attributes)  # {name: input key | function of the input}
         self.internal = bool(internal)
         # At most `concurrency` runs hold a lease at once: of the workflow, or per key with `concurrency_key`
         # (1 by default there). The key is asked once, at start, and recorded on the run (run_state.
@@ -319,6 +322,10 @@ class Workflow:
                 f"workflow {self.name}: its concurrency_key cannot be read from this input "
                 f"({type(exc).__name__}: {exc})"
             ) from exc
+
+    def attributes_of(self, input: dict[str, Any]) -> dict[str, Any]:
+        """The declared attributes a run started now with `input` records; InvalidInput names one that fails."""
+        return run_attributes.asked(self.name, self.attributes, input) if self.attributes else {}
 
     def as_plan(self) -> Plan:
         """This deploy's plan of the workflow; computed again only after a step is declared (steps are only ever

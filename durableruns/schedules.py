@@ -169,6 +169,7 @@ def due(declared: Schedule, *, after: datetime, now: datetime, cap: int) -> tupl
 # start() of that input would be refused. Another rule of the input (a workflow's declared attributes) joins here.
 INPUT_RULES: tuple[Callable[[Workflow, dict[str, Any]], object], ...] = (
     lambda workflow, input: workflow.limit_key(input),  # its concurrency key, read from the input
+    lambda workflow, input: workflow.attributes_of(input),  # its declared attributes (durableruns.attributes)
 )
 
 
@@ -255,6 +256,7 @@ def start_due(*, clock: Any = None) -> Tick:
                     concurrency_key=workflow.limit_key(dict(declared.input)),
                     deadline=workflow.deadline,  # counted from the slot's start (durableruns.deadlines)
                     on_deadline=workflow.on_deadline if workflow.deadline is not None else None,
+                    attributes=workflow.attributes_of(dict(declared.input)),
                 )
             except DurableRunsError as exc:  # this schedule's own trouble: the others go on
                 troubles.append((declared.name, str(exc)))

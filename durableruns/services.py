@@ -50,6 +50,9 @@ lacking_of = reading.lacking_of
 outlived_timeout = reading.outlived_timeout
 plan_of = reading.plan_of
 run_boundary = reading.run_boundary
+attributes_of = reading.attributes_of
+with_attributes = reading.with_attributes
+attribute_value_run_ids = reading.attribute_value_run_ids
 run_holdings = reading.run_holdings
 run_plan = reading.run_plan
 step_doc = reading.step_doc
@@ -121,6 +124,7 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
         raise InvalidInput(f"the concurrency key of {workflow_name} must be at most 200 storable characters, not "
                            f"{concurrency_key[:60]!r}")
     debouncing = debounce_of(debounce, key, run_after=run_after)
+    attributes = workflow.attributes_of(input)  # asked once, here, and recorded with the run in its commit
     run_id = run_id or f"{workflow_name}-{uuid.uuid4().hex[:12]}"
     plan = workflow.as_plan()
     traces = tracing_in_use()
@@ -129,10 +133,12 @@ def start_run(workflow_name: str, input: Any, *, run_id: str | None = None, prio
         return store.debounce_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint,
                                   input=input, key=debouncing[1], debounce=debouncing[0], plan=plan,
                                   trace_context=trace_context, priority=priority, queue=queue,
-                                  concurrency_key=concurrency_key)[0]
+                                  concurrency_key=concurrency_key, attributes=attributes, deadline=deadline,
+                                  on_deadline=on_deadline)[0]
     store.create_run(run_id=run_id, workflow=workflow.name, plan_fingerprint=plan.fingerprint, input=input, plan=plan,
                      trace_context=trace_context, priority=priority, queue=queue, run_after=run_after,
-                     concurrency_key=concurrency_key, deadline=deadline, on_deadline=on_deadline)
+                     concurrency_key=concurrency_key, deadline=deadline, on_deadline=on_deadline,
+                     attributes=attributes)
     return run_id
 
 

@@ -18,11 +18,12 @@ from django.utils.functional import cached_property
 
 
 class RunChangeList(ChangeList):
-    """Prefetch the attempts of the runs on the page in one query: each row's sentence needs its boundary."""
+    """Prefetch the attempts and the attributes of the runs on the page in two queries: each row's sentence needs
+    its boundary, its attributes column the attributes."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        self.result_list = self.result_list.with_attempts()
+        self.result_list = self.result_list.with_attempts().prefetch_related("attributes")
 
 
 class EscalationChangeList(ChangeList):

@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
@@ -224,3 +224,11 @@ def attempt_row(row: RunStep) -> dict[str, Any]:
     """One attempt as a run's page and the escalation queue list it: its badge, result summary and JSON."""
     return {"row": row, "badge": attempt_badge(row.status), "has_result": row.result is not None,
             "summary": summarize(row.result, skip=[row.effect_key]), "result_json": pretty_json(row.result)}
+
+
+def attributes_html(attributes: dict[str, str | int], *, compact: bool) -> SafeString:
+    """A run's attributes as name=value pairs; `compact` (the runs list) cuts each value to 40 characters."""
+    if not attributes:
+        return format_html('<span class="dr-why">{}</span>', "none")
+    pairs = [(name, Truncator(str(value)).chars(40) if compact else str(value)) for name, value in attributes.items()]
+    return format_html_join(" ", '<span class="dr-attr"><strong>{}</strong>={}</span>', pairs)

@@ -30,6 +30,7 @@ from durableruns.admin.display import (
     CANCELLABLE,
     RETRYABLE,
     attempt_row,
+    attributes_html,
     badge,
     boundary_sentence,
     family,
@@ -120,11 +121,12 @@ class WorkflowFilter(admin.SimpleListFilter):
 class RunStateAdmin(ReadOnlyRecord):
     """Runs, newest first, each with the sentence that says where it stands; read-only, two confirmed actions."""
 
-    list_display = ("run_id", "workflow", "status_badge", "where_it_stands", "owner", "lease_expires_at", "age",
-                    "wake_at")
+    list_display = ("run_id", "workflow", "status_badge", "where_it_stands", "attributes_column", "owner",
+                    "lease_expires_at", "age", "wake_at")
     list_filter = ("status", WorkflowFilter, PlanFilter, WaitingForFilter)
     search_fields = ("run_id",)
-    search_help_text = "A run id (or its beginning), or an exact effect key such as <run id>:charge."
+    search_help_text = ("A run id (or its beginning), an exact effect key such as <run id>:charge, or an "
+                        "attribute's exact value, such as an order number.")
     ordering = ("-created_at",)
     list_per_page = 100
     show_full_result_count = False  # run_state grows without bound: one COUNT per page is enough
@@ -136,6 +138,7 @@ class RunStateAdmin(ReadOnlyRecord):
         (None, {"fields": (("run_id", "workflow"), ("status_badge", "cursor"), "reason")}),
         ("Ownership", {"fields": (("owner", "epoch"), ("lease_expires_at", "wake_at"))}),
         ("Queue and limit", {"fields": (("queue", "priority"), "concurrency_key")}),
+        ("Attributes", {"fields": ("attributes_shown",)}),
         ("Record", {"fields": (("created_at", "updated_at"), "plan_fingerprint", "input_json")}),
     )
 
@@ -225,18 +228,20 @@ class RunStateAdmin(ReadOnlyRecord):
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str
                            ) -> tuple[QuerySet, bool]:
-        """Match runs whose id begins with the term, or that made an attempt under it as an effect key: 'which
-        run charged under this key?'.
+        """Match runs whose id begins with the term, that made an attempt under it as an effect key ('which run
+        charged under this key?'), or that have an attribute of any name whose value is exactly the term ('the
+        run of PO-2026-0041').
 
         Both are index reads whatever the record's size: the id's beginning by the primary key's pattern index
         (a match anywhere in the id, Django's default, reads every run), the effect key by run_step's index, read
         first so that the runs' filter is two index conditions the database can combine, not a subquery tried
-        against every run."""
+        against every run; the attributes likewise, by run_attribute's value index."""
         term = search_term.strip()
         if not term:
             return queryset, False
         keyed = cast(RunStateQuerySet, queryset).having_effect_key_ids(term)
-        return queryset.filter(Q(run_id__startswith=term) | Q(run_id__in=keyed)), False
+        attributed = services.attribute_value_run_ids(term)  # an attribute's exact value, of any name
+        return queryset.filter(Q(run_id__startswith=term) | Q(run_id__in=keyed) | Q(run_id__in=attributed)), False
 
     # The staff actions (cancel, retry) post here: each service call records its fact in its own durable
     # transaction, which cannot nest inside the request's own under ATOMIC_REQUESTS.
@@ -263,6 +268,15 @@ class RunStateAdmin(ReadOnlyRecord):
         if not run.reason:
             return format_html("{}", sentence)
         return format_html('{}<div class="dr-why">{}</div>', sentence, Truncator(run.reason).chars(160))
+
+    @admin.display(description="attributes")
+    def attributes_column(self, run: RunState) -> SafeString:
+        """The run's attributes, compact: name=value, a long value cut short (the run page shows them whole)."""
+        return attributes_html(services.attributes_of(run), compact=True)
+
+    @admin.display(description="attributes")
+    def attributes_shown(self, run: RunState) -> SafeString:
+        return attributes_html(services.attributes_of(run), compact=False)
 
     @admin.display(description="age", ordering="created_at")
     def age(self, run: RunState) -> str:

@@ -9,128 +9,67 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.extensions import OpenApiSerializerFieldExtension
-from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from durableruns import services
+from durableruns.api.fields import (
+    ESCALATION_STATES,
+    OUTCOMES,
+    JSONObjectField,
+    RunStatusField,
+    RunStatusFieldExtension,
+    StepStatusField,
+    StepStatusFieldExtension,
+    StorableJSONField,
+    WorkflowNameField,
+    WorkflowNameFieldExtension,
+    unstorable_text,
+)
+from durableruns.api.requests import (
+    ATTRIBUTES_SCHEMA,
+    ApprovalDecisionSerializer,
+    DecisionRequestSerializer,
+    EscalationFilterSerializer,
+    EventRecordedSerializer,
+    EventRequestSerializer,
+    EventSerializer,
+    RestartedSerializer,
+    RestartRequestSerializer,
+    RunFilterSerializer,
+    StaffNoteSerializer,
+    StartRunSerializer,
+)
 from durableruns.boundary import Boundary, Zone
 from durableruns.holdings import HoldState
-from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, StepStatus
-from durableruns.registry import startable_workflows
+from durableruns.models import Escalation, Intervention, RunState, RunStep
 
-OUTCOMES = [
-    (Intervention.Action.HAPPENED.value, Intervention.Action.HAPPENED.label),
-    (Intervention.Action.DID_NOT_HAPPEN.value, Intervention.Action.DID_NOT_HAPPEN.label),
-    (Intervention.Action.ABANDON.value, Intervention.Action.ABANDON.label),
+# The requests and fields are named here as ever (durableruns.api.requests, durableruns.api.fields).
+__all__ = [
+    "ATTRIBUTES_SCHEMA",
+    "ApprovalDecisionSerializer",
+    "DecisionRequestSerializer",
+    "ESCALATION_STATES",
+    "EscalationFilterSerializer",
+    "EventRecordedSerializer",
+    "EventRequestSerializer",
+    "EventSerializer",
+    "JSONObjectField",
+    "OUTCOMES",
+    "RestartRequestSerializer",
+    "RestartedSerializer",
+    "RunFilterSerializer",
+    "RunStatusField",
+    "RunStatusFieldExtension",
+    "StaffNoteSerializer",
+    "StartRunSerializer",
+    "StepStatusField",
+    "StepStatusFieldExtension",
+    "StorableJSONField",
+    "WorkflowNameField",
+    "WorkflowNameFieldExtension",
+    "unstorable_text",
 ]
-ESCALATION_STATES = [("open", "not decided yet"), ("decided", "decided"), ("all", "open and decided")]
-
-
-# -- shared helpers ------------------------------------------------------------------------------------------
-
-
-def unstorable_text(value: Any) -> str | None:
-    """Say why `value` cannot be stored in PostgreSQL's jsonb, or None if it can.
-
-    JSON allows "\\u0000" and lone surrogates ("\\ud800"); jsonb refuses both with a DataError, which would
-    surface as a 500. Walked with a stack, not recursion, so a deeply nested body cannot exhaust the stack.
-    """
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str):
-            if "\x00" in item:
-                return "text in JSON may not contain NUL characters (\\u0000)"
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return "text in JSON may not contain unpaired surrogates"
-    return None
-
-
-class StorableJSONField(serializers.JSONField):
-    """Any JSON value the database can store (a decision's result may be any JSON)."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        value = super().to_internal_value(data)
-        problem = unstorable_text(value)
-        if problem:
-            raise serializers.ValidationError(problem)
-        return value
-
-
-@extend_schema_field({"type": "object", "additionalProperties": True})
-class JSONObjectField(StorableJSONField):
-    """Storable JSON, documented as an object: the services refuse anything else with a clear message."""
-
-
-class WorkflowNameField(serializers.CharField):
-    """A workflow's name. Checked by the service (an unknown one is `unknown_workflow`, 400), and listed as an
-    enum in the schema, read from the registry when the schema is served, so clients see what this deploy runs
-    (internal workflows left out: no caller of the API may start one)."""
-
-
-class WorkflowNameFieldExtension(OpenApiSerializerFieldExtension):
-    target_class = WorkflowNameField
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return {"type": "string", "enum": sorted(startable_workflows())}  # internal ones are started by code only
-
-
-class RunStatusField(serializers.ChoiceField):
-    """A run's status: documented once, as the component RunStatusEnum."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(choices=RunStatus.choices, **kwargs)
-
-
-class StepStatusField(serializers.ChoiceField):
-    """An attempt's status: documented once, as the component StepStatusEnum."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(choices=StepStatus.choices, **kwargs)
-
-
-class _NamedEnumExtension(OpenApiSerializerFieldExtension):
-    """Name a choice set's component here rather than in the site's ENUM_NAME_OVERRIDES.
-
-    Runs and attempts both have a field called `status` with different choices; left to drf-spectacular, the
-    two collide and the document warns (failing `spectacular --fail-on-warn` on a site without overrides).
-    """
-
-    component_name = ""
-    choices: Any = None
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        schema = {
-            "type": "string",
-            "enum": list(self.choices.values),
-            "description": "\n".join(f"* `{value}` - {label}" for value, label in self.choices.choices),
-        }
-        component = ResolvedComponent(
-            name=self.component_name, type=ResolvedComponent.SCHEMA, object=self.component_name, schema=schema
-        )
-        auto_schema.registry.register_on_missing(component)
-        return component.ref
-
-
-class RunStatusFieldExtension(_NamedEnumExtension):
-    target_class = RunStatusField
-    component_name = "RunStatusEnum"
-    choices = RunStatus
-
-
-class StepStatusFieldExtension(_NamedEnumExtension):
-    target_class = StepStatusField
-    component_name = "StepStatusEnum"
-    choices = StepStatus
 
 
 def _boundary(serializer: serializers.Field, run: RunState) -> Boundary:
@@ -143,134 +82,6 @@ def _boundary(serializer: serializers.Field, run: RunState) -> Boundary:
 
 def _sentence(serializer: serializers.Field, run: RunState) -> str:
     return _boundary(serializer, run).sentence(timezone.get_current_timezone())
-
-
-# -- requests ------------------------------------------------------------------------------------------------
-
-
-class StartRunSerializer(serializers.Serializer):
-    """POST /api/runs/: which workflow, with what input, under which run_id (generated if omitted)."""
-
-    workflow = WorkflowNameField(max_length=200, help_text="A registered workflow's name.")
-    input = JSONObjectField(help_text="The run's input: a JSON object.")
-    run_id = serializers.CharField(
-        max_length=200, required=False, help_text="Your id for the run (unique); generated if omitted."
-    )
-    deadline_seconds = serializers.IntegerField(
-        required=False,
-        min_value=1,
-        max_value=100 * 366 * 86400,
-        help_text="The run must have ended this many seconds after its start (the database's clock), or it ends as "
-        "its workflow's on_deadline says; default: the workflow's own deadline, if it declares one.",
-    )
-    debounce_seconds = serializers.FloatField(
-        required=False,
-        min_value=0.001,
-        max_value=366 * 86400,
-        help_text="With key: a debounced start. While the run started with this key has not begun, this start "
-        "replaces its input and moves its start to now + debounce_seconds (the same run_id is answered); once it "
-        "has begun, a new run is started.",
-    )
-    key = serializers.CharField(
-        max_length=200, required=False, help_text="The debounce key (with debounce_seconds), e.g. 'order-17'."
-    )
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if ("debounce_seconds" in attrs) != ("key" in attrs):
-            raise serializers.ValidationError("debounce_seconds and key go together: give both or neither")
-        return attrs
-
-
-class DecisionRequestSerializer(serializers.Serializer):
-    """POST /api/escalations/{id}/decide/: the outcome a person established, and why."""
-
-    outcome = serializers.ChoiceField(choices=OUTCOMES)
-    note = serializers.CharField(help_text="Why: what was checked, and where. Required.")
-    result = StorableJSONField(
-        required=False,
-        allow_null=True,
-        help_text="With 'happened' only: the step's result to record (any JSON).",
-    )
-
-
-class EventRequestSerializer(serializers.Serializer):
-    """POST /api/runs/{run_id}/events/: an event for the run, as a partner's webhook relay sends it."""
-
-    event = serializers.CharField(max_length=200, help_text="The event's name: what a wait_for of the run waits for.")
-    payload = JSONObjectField(required=False, allow_null=True, help_text="A JSON object; null or absent is {}.")
-    key = serializers.CharField(
-        max_length=500,
-        required=False,
-        allow_null=True,
-        help_text="Your idempotency key: an event with a key the run has seen is not recorded again (200).",
-    )
-
-
-class ApprovalDecisionSerializer(serializers.Serializer):
-    """POST /api/runs/{run_id}/decide/: approve or reject the approval the run waits at."""
-
-    step = serializers.CharField(max_length=200, help_text="The approval's name (its step).")
-    outcome = serializers.ChoiceField(choices=[("approve", "approve"), ("reject", "reject")])
-    note = serializers.CharField(help_text="Why. Required.")
-
-
-class EventSerializer(serializers.Serializer):
-    """An event sent to a run: kept until a wait for its name consumes it."""
-
-    id = serializers.IntegerField()
-    event = serializers.CharField()
-    key = serializers.CharField(allow_null=True)
-    payload = serializers.JSONField()
-    sent_at = serializers.DateTimeField()
-    consumed_step = serializers.CharField(allow_blank=True, help_text="The wait that consumed it ('' if none yet).")
-    consumed_attempt = serializers.IntegerField(allow_null=True)
-    consumed_at = serializers.DateTimeField(allow_null=True)
-
-
-class EventRecordedSerializer(serializers.Serializer):
-    run_id = serializers.CharField()
-    event = serializers.CharField()
-    recorded = serializers.BooleanField(help_text="False: the run had an event with this key already.")
-
-
-class StaffNoteSerializer(serializers.Serializer):
-    """POST /api/runs/{run_id}/cancel/ and /retry/: why, recorded with who and when."""
-
-    note = serializers.CharField(help_text="Why: what was checked, and where. Required.")
-
-
-class RestartRequestSerializer(serializers.Serializer):
-    """POST /api/runs/{run_id}/restart/: the step to restart from, and why."""
-
-    from_step = serializers.CharField(max_length=200, help_text="A step of the plan: the steps before it are copied.")
-    note = serializers.CharField(help_text="Why: what was fixed or checked. Required.")
-
-
-class RestartedSerializer(serializers.Serializer):
-    run_id = serializers.CharField(help_text="The new run's id.")
-
-
-class RunFilterSerializer(serializers.Serializer):
-    """Query parameters of GET /api/runs/; blank ones are ignored."""
-
-    status = RunStatusField(required=False, allow_blank=True)
-    workflow = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    effect_key = serializers.CharField(
-        max_length=500, required=False, allow_blank=True, help_text="Runs with an attempt under this effect key."
-    )
-    run_id = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    waiting_for = serializers.CharField(
-        max_length=200,
-        required=False,
-        allow_blank=True,
-        help_text="Runs waiting at this wait step (a sleep, a wait for an event, an approval).",
-    )
-
-
-class EscalationFilterSerializer(serializers.Serializer):
-    """Query parameters of GET /api/escalations/."""
-
-    state = serializers.ChoiceField(choices=ESCALATION_STATES, default="open", required=False)
 
 
 # -- responses -----------------------------------------------------------------------------------------------
@@ -367,6 +178,9 @@ class RunSerializer(serializers.ModelSerializer):
     sentence = serializers.SerializerMethodField(
         help_text="e.g. '6 steps complete, charge in doubt since 14:07, 3 steps remaining'"
     )
+    attributes = serializers.SerializerMethodField(
+        help_text="The run's attributes, name -> string or integer (Workflow(attributes=), ctx.set_attributes)."
+    )
 
     class Meta:
         model = RunState
@@ -375,6 +189,7 @@ class RunSerializer(serializers.ModelSerializer):
             "workflow",
             "status",
             "sentence",
+            "attributes",
             "cursor",
             "owner",
             "lease_expires_at",
@@ -388,6 +203,10 @@ class RunSerializer(serializers.ModelSerializer):
 
     def get_sentence(self, run: RunState) -> str:
         return _sentence(self, run)
+
+    @extend_schema_field(ATTRIBUTES_SCHEMA)
+    def get_attributes(self, run: RunState) -> dict[str, str | int]:
+        return services.attributes_of(run)
 
 
 class PlanStepSerializer(serializers.Serializer):

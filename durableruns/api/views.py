@@ -150,8 +150,8 @@ def parse(serializer_class: type[s.serializers.Serializer], data: Any) -> dict[s
 
 
 def runs_with_attempts() -> RunStateQuerySet:
-    """Runs with their attempts in one extra query: what a sentence needs."""
-    return RunState.objects.with_attempts()
+    """Runs with their attempts and their attributes in two extra queries: what a sentence and a row need."""
+    return RunState.objects.with_attempts().prefetch_related("attributes")
 
 
 def runs_in_full() -> RunStateQuerySet:
@@ -160,7 +160,7 @@ def runs_in_full() -> RunStateQuerySet:
     escalations = Prefetch("escalations", queryset=Escalation.objects.select_related("decision").order_by("opened_at"))
     events = Prefetch("events", queryset=RunEvent.objects.order_by("sent_at", "id"))
     # django-stubs 5.2 types prefetch_related so that no Prefetch passes (6.1's does not): the ignore is for that.
-    return RunState.objects.prefetch_related(attempts, escalations, "interventions", events)  # type: ignore[arg-type,unused-ignore]
+    return RunState.objects.prefetch_related(attempts, escalations, "interventions", events, "attributes")  # type: ignore[arg-type,unused-ignore]
 
 
 def escalations_in_full() -> EscalationQuerySet:
@@ -171,8 +171,8 @@ def escalations_in_full() -> EscalationQuerySet:
 @document(
     get=dict(
         summary="List runs, newest first",
-        description="Each run with its operator sentence. Filters: status, workflow, run_id, and effect_key (runs "
-        "with an attempt under that key).",
+        description="Each run with its operator sentence and attributes. Filters: status, workflow, run_id, "
+        "effect_key (runs with an attempt under that key), and attr=name:value (repeatable, all must match).",
         parameters=[s.RunFilterSerializer],
         responses={200: s.RunSerializer(many=True), 400: BAD_QUERY, 401: NOT_AUTHENTICATED, 403: NOT_ALLOWED},
     ),
@@ -192,7 +192,7 @@ def escalations_in_full() -> EscalationQuerySet:
     ),
 )
 class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
-    """GET lists runs, newest first (filters: status, workflow, effect_key, run_id; durableruns.view_runstate);
+    """GET lists runs, newest first (filters: status, workflow, effect_key, run_id, attr; durableruns.view_runstate);
     POST starts one (durableruns.start_run)."""
 
     needs = (CanViewRuns, CanStartRuns)
@@ -217,6 +217,8 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
             queryset = queryset.having_effect_key(filters["effect_key"])
         if filters.get("waiting_for"):
             queryset = queryset.waiting_for(filters["waiting_for"])
+        if filters.get("attr"):
+            queryset = services.with_attributes(queryset, filters["attr"])
         return queryset
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -30,7 +30,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from durableruns import conf, store
 from durableruns.clock import Clock
 from durableruns.errors import InvalidInput
-from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
+from durableruns.models import Escalation, Intervention, RunAttribute, RunState, RunStatus, RunStep
 
 FINISHED: tuple[str, ...] = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.FAILED)
 
@@ -46,6 +46,7 @@ class PruneReport:
     attempts: int = 0
     escalations: int = 0
     interventions: int = 0
+    attributes: int = 0  # run_attribute rows deleted with their runs (durableruns.attributes)
     batches: int = 0
     seconds: float = 0.0
     by_status: dict[str, int] = field(default_factory=dict)
@@ -142,6 +143,7 @@ def _count(report: PruneReport, ids: list[str]) -> None:
     report.attempts += RunStep.objects.filter(run_id__in=ids).count()
     report.escalations += Escalation.objects.filter(run_id__in=ids).count()
     report.interventions += Intervention.objects.filter(run_id__in=ids).count()
+    report.attributes += RunAttribute.objects.filter(run_id__in=ids).count()
 
 
 def _fields(model: Any) -> list[str]:
@@ -165,6 +167,9 @@ def _archive(out: IO[str], ids: list[str]) -> None:
         Intervention.objects.filter(run_id__in=ids).order_by("run_id", "decided_at").values(*_fields(Intervention))
     ):
         decisions.setdefault(row["run_id"], []).append(row)
+    attributes: dict[str, dict[str, str]] = {}
+    for run_id, name, text in RunAttribute.objects.filter(run_id__in=ids).values_list("run_id", "name", "value_text"):
+        attributes.setdefault(run_id, {})[name] = text
     for run in RunState.objects.filter(pk__in=ids).order_by("pk").values(*_fields(RunState)):
         run_id = run["run_id"]
         line = {
@@ -172,6 +177,7 @@ def _archive(out: IO[str], ids: list[str]) -> None:
             "attempts": attempts.get(run_id, []),
             "escalations": escalations.get(run_id, []),
             "interventions": decisions.get(run_id, []),
+            "attributes": attributes.get(run_id, {}),
         }
         out.write(json.dumps(line, cls=DjangoJSONEncoder, ensure_ascii=False) + "\n")
     out.flush()

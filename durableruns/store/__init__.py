@@ -10,6 +10,8 @@ public names. One module a concept, each below the ones that use it:
                  fast(), fence(), finish_attempt(), lease_times(), wake_workers()
                  (to_json, ensure_json, storable: durableruns.encoding, below the store; re-exported here)
     plans        record_plan, plan_of, forget_plans
+    attributes   write_attributes, write_many: a run's attributes, inside the commit that creates the run or
+                 records a step's result (used by children, runs and attempts below; not re-exported)
     children     NewChild, child_exists, start_child; a child's end waking its parent's join (wake_parent)
     runs         create_run, renew, renew_all, release, begin_ending, end, let_go, reopen_runnable, reopen_runs
     debounce     debounce_run: a start with a key that replaces the run of that key not begun, DEBOUNCED

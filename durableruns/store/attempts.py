@@ -13,6 +13,7 @@ from durableruns.clock import Clock
 from durableruns.encoding import storable, to_json
 from durableruns.errors import FencedOut
 from durableruns.models import Resolution, RunState, RunStatus, RunStep, StepStatus
+from durableruns.store.attributes import write_attributes
 from durableruns.store.base import DATABASE, Intent, Lease, fast, fence, finish_attempt, lease_times
 from durableruns.store.children import NewChild, record_children, wake_parent, wake_parent_after
 from durableruns.store.sql import WAKE_CHANNEL, Times, one, rowcount, waiting_for_standby
@@ -193,15 +194,17 @@ def record_result(
     finish: bool = False,
     encoded: str | None = None,
     children: list[NewChild] | None = None,
+    attributes: dict[str, Any] | None = None,
 ) -> None:
     """Commit 2: the step's result and the moved cursor, and in the same commit either the next step's intent
-    or, with `finish`, the run's completion; and the child runs the step asked for (`children`), if any.
+    or, with `finish`, the run's completion; and the child runs the step asked for (`children`) and the
+    attributes it set (`attributes`, checked already), if any.
 
     Sharing the commit is safe: the next step has not acted yet, and its intent is still durable before it does.
     """
     encoded = to_json(result, what=f"the result of {step}") if encoded is None else encoded
     level = _standby_level(next_intent)
-    if intent_recorded and not children and fast():
+    if intent_recorded and not children and not attributes and fast():
         recorded = _pg_record_result(
             run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=lease_times(lease, clock),
             cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
@@ -235,6 +238,7 @@ def record_result(
                 effect_key=effect_key, started_at=clock.expression(), finished_at=clock.expression(),
                 result=result, resolution=resolution, owner=lease.owner, epoch=lease.epoch,
             )
+        write_attributes(lease.run_id, attributes or {})
         if next_intent is not None:
             _insert_intent(lease, next_intent, clock)
         elif finish:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +17,7 @@ from durableruns.encoding import to_json
 from durableruns.errors import InvalidInput
 from durableruns.models import RunState, RunStatus
 from durableruns.plans import Plan
+from durableruns.store.attributes import write_attributes, write_many
 from durableruns.store.base import DATABASE, Lease, decoded, fence, wake_workers
 from durableruns.store.plans import record_plan
 
@@ -34,6 +35,7 @@ class NewChild:
     concurrency_key: str | None = None  # its workflow's limit key, asked of its input once, as start() asks it
     deadline: timedelta | None = None  # its workflow's deadline, counted from its creation (durableruns.deadlines)
     on_deadline: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)  # its workflow's attributes, asked of its input once
 
 
 def child_exists(child: NewChild, *, parent: str) -> bool:
@@ -56,12 +58,13 @@ def record_children(lease: Lease, children: list[NewChild], clock: Clock) -> Non
                   created_at=clock.expression(), updated_at=clock.expression(), on_deadline=c.on_deadline,
                   deadline_at=None if c.deadline is None else clock.expression(c.deadline)) for c in children],
         ignore_conflicts=True)
+    write_many({c.run_id: c.attributes for c in children if c.attributes})
     wake_workers()
 
 
 def start_child(lease: Lease, *, run_id: str, workflow: str, plan: Plan, input: dict[str, Any],
                 concurrency_key: str | None = None, deadline: timedelta | None = None, on_deadline: str | None = None,
-                clock: Clock = DATABASE) -> bool:
+                clock: Clock = DATABASE, attributes: dict[str, Any] | None = None) -> bool:
     """Record the pending child run `run_id` of the run `lease` holds, its parent recorded on it, in one commit
     fenced on the parent's epoch (a worker fenced out, the parent cancelled or taken over, starts nothing);
     return True if created, False if that child exists already with the same workflow and input (a step run
@@ -79,6 +82,7 @@ def start_child(lease: Lease, *, run_id: str, workflow: str, plan: Plan, input: 
                         status=RunStatus.PENDING, parent_id=lease.run_id, concurrency_key=concurrency_key,
                         created_at=clock.expression(), updated_at=clock.expression(), on_deadline=on_deadline,
                         deadline_at=None if deadline is None else clock.expression(deadline))
+                    write_attributes(run_id, attributes or {})
                 created = True
             except IntegrityError:  # a stale worker of the same parent made it first: compare with it
                 pass

@@ -12,7 +12,7 @@ unique index: one inserts, the others replace its input, and all return its run 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -23,6 +23,7 @@ from durableruns.encoding import to_json
 from durableruns.errors import DuplicateRun
 from durableruns.models import DEBOUNCING, RunState, RunStatus
 from durableruns.plans import Plan
+from durableruns.store.attributes import write_attributes
 from durableruns.store.base import DATABASE, fast, wake_workers
 from durableruns.store.plans import record_plan
 from durableruns.store.sql import WAKE_CHANNEL, one
@@ -67,13 +68,18 @@ def debounce_run(
     priority: int = 0,
     queue: str = "default",
     concurrency_key: str | None = None,
+    attributes: dict[str, Any] | None = None,
+    deadline: timedelta | datetime | None = None,
+    on_deadline: str | None = None,
 ) -> tuple[str, bool]:
     """Record a run of `workflow` started with `key`, due `debounce` from the database's now, or replace the input
     and move the start of the run with that key that has not begun yet; return its run id and whether it is new.
-    A new run's id is `run_id` (a run already recorded under that id: DuplicateRun)."""
+    A new run's id is `run_id` (a run already recorded under that id: DuplicateRun). `attributes` (checked
+    already) are recorded, or replace the run's, in the same commit; a new run records `deadline` (a span from
+    its creation, or a time) and `on_deadline` (durableruns.deadlines)."""
     if plan is not None:
         record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
-    if not connections[conf.database()].in_atomic_block and fast():
+    if not attributes and deadline is None and not connections[conf.database()].in_atomic_block and fast():
         try:
             row = one(
                 _DEBOUNCE,
@@ -108,6 +114,9 @@ def debounce_run(
             queue=queue,
             trace_context=trace_context,
             concurrency_key=concurrency_key,
+            attributes=attributes or {},
+            deadline=deadline,
+            on_deadline=on_deadline,
         )
     if created:
         signals.send_on_commit(signals.run_started, RunState, run_id=found, workflow=workflow)
@@ -127,6 +136,9 @@ def _orm_debounce(
     queue: str,
     trace_context: dict[str, str] | None,
     concurrency_key: str | None,
+    attributes: dict[str, Any],
+    deadline: timedelta | datetime | None,
+    on_deadline: str | None,
 ) -> tuple[str, bool]:
     """The portable path (SQLite; PostgreSQL inside a caller's transaction): replace the run not begun with the
     key, else create one; a create that meets a concurrent one on the unique index replaces that one instead."""
@@ -146,6 +158,7 @@ def _orm_debounce(
                         concurrency_key=concurrency_key,
                         updated_at=clock.expression(),
                     )
+                    write_attributes(found, attributes)
                     wake_workers()
                     return found, False
                 if RunState.objects.filter(pk=run_id).exists():
@@ -165,7 +178,10 @@ def _orm_debounce(
                     trace_context=trace_context,
                     created_at=clock.expression(),
                     updated_at=clock.expression(),
+                    deadline_at=clock.expression(deadline) if isinstance(deadline, timedelta) else deadline,
+                    on_deadline=on_deadline,
                 )
+                write_attributes(run_id, attributes)
                 wake_workers()
                 return run_id, True
         except IntegrityError:

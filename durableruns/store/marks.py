@@ -11,7 +11,7 @@ from django.db import IntegrityError, connections, transaction
 from durableruns import conf
 from durableruns.clock import Clock
 from durableruns.encoding import storable
-from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep, WorkerPresence
+from durableruns.models import Escalation, Intervention, RunAttribute, RunState, RunStatus, RunStep, WorkerPresence
 from durableruns.store.base import DATABASE
 
 
@@ -47,6 +47,7 @@ _RUN_TABLES = (
     ("interventions", Intervention._meta.db_table),
     ("escalations", Escalation._meta.db_table),
     ("attempts", RunStep._meta.db_table),
+    ("attributes", RunAttribute._meta.db_table),
     ("runs", RunState._meta.db_table),
 )
 
@@ -54,7 +55,7 @@ _RUN_TABLES = (
 def delete_runs(ids: list[str]) -> dict[str, int]:
     """Delete the runs `ids` (locked by the caller's transaction) and what hangs on them, by primary key list:
     plain DELETEs, not Django's collector, which would first read every row (inputs and results included).
-    Return how many rows went from each: interventions, escalations, attempts, runs."""
+    Return how many rows went from each: interventions, escalations, attempts, attributes, runs."""
     placeholders = ", ".join(["%s"] * len(ids))
     deleted = {}
     with connections[conf.database()].cursor() as cursor:

@@ -18,6 +18,7 @@ from durableruns.holdings import given_back
 from durableruns.models import RunState, RunStatus, RunStep, StepStatus
 from durableruns.plans import Plan, lacking
 from durableruns.registry import get_workflow, workflows
+from durableruns.store.attributes import write_attributes
 from durableruns.store.base import DATABASE, DEFERRED, ENDED, Lease, fast, fence, lease_times, wake_workers
 from durableruns.store.cancels import SYSTEM_ACTOR, announce_cancelled, cancel_with
 from durableruns.store.children import wake_parent
@@ -114,14 +115,15 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
                clock: Clock = DATABASE, plan: Plan | None = None, trace_context: dict[str, str] | None = None,
                priority: int = 0, queue: str = "default", run_after: datetime | None = None,
                concurrency_key: str | None = None, deadline: timedelta | datetime | None = None,
-               on_deadline: str | None = None) -> None:
+               on_deadline: str | None = None, attributes: dict[str, Any] | None = None) -> None:
     """Record a pending run, created at the database's now; a worker picks it up (with `run_after`, a run
     waiting until then: the claim compares it with the database's now). `plan`, the run's plan, is recorded with
     it the first time this process starts a run of that fingerprint. `trace_context`: the trace the run's passes
     continue (durableruns.tracing), if one was current. `concurrency_key`: the key the run counts under for its
     workflow's concurrency limit ("" for the whole workflow), or None for a workflow without one. `deadline`: when
     the run must have ended, a time or a span from its creation at the database's now (durableruns.deadlines), and
-    `on_deadline` what it then ends as.
+    `on_deadline` what it then ends as. `attributes` (checked already, durableruns.attributes): recorded in the
+    same commit as the run.
 
     One INSERT (on PostgreSQL outside a transaction, the hot path's prepared one). Inside the caller's transaction
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
@@ -138,11 +140,12 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
               "created_at": created, "updated_at": created, "trace_context": trace_context,
               "deadline_at": deadline_at, "on_deadline": on_deadline}
     try:
-        if connections[conf.database()].in_atomic_block:
+        if attributes or connections[conf.database()].in_atomic_block:
             with transaction.atomic(using=conf.database()):
                 if plan is not None:
                     record_plan(plan, clock=clock)
                 RunState.objects.create(**fields)
+                write_attributes(run_id, attributes or {})
                 wake_workers()  # on the caller's commit: a run rolled back wakes nobody
         else:
             if plan is not None:

@@ -40,7 +40,8 @@ def schedule_marks(names: list[str], *, now: datetime) -> dict[str, datetime]:
 
 def start_slots(*, schedule: str, slots: list[tuple[datetime, str]], workflow: str, plan: Plan,
                 input: dict[str, Any], clock: Clock = DATABASE, concurrency_key: str | None = None,
-                deadline: timedelta | None = None, on_deadline: str | None = None) -> list[str]:
+                deadline: timedelta | None = None, on_deadline: str | None = None,
+                attributes: dict[str, Any] | None = None) -> list[str]:
     """Start the run of each (slot, run_id) later than the schedule's last slot, and record the latest as its
     last, in one commit under the schedule's row lock; return the run_ids started.
 
@@ -58,7 +59,7 @@ def start_slots(*, schedule: str, slots: list[tuple[datetime, str]], workflow: s
             try:
                 create_run(run_id=run_id, workflow=workflow, plan_fingerprint=plan.fingerprint, input=input,
                            clock=clock, plan=plan, concurrency_key=concurrency_key, deadline=deadline,
-                           on_deadline=on_deadline)
+                           on_deadline=on_deadline, attributes=attributes)
             except DuplicateRun:
                 continue
             started.append(run_id)

@@ -44,8 +44,9 @@ def test_queries_do_not_grow_with_runs(client_for, reader):
     large = {url: queries(client, url) for url in PAGES}
 
     assert large == small
-    # token lookup + the user's permissions (own, groups') + page + the attempts of the page's runs: no COUNT
-    assert small["/api/runs/"] == 5
+    # token lookup + the user's permissions (own, groups') + page + the attempts and the attributes of the page's
+    # runs: no COUNT
+    assert small["/api/runs/"] == 6
     # token lookup + permissions (2) + page (escalation, run, decision joined) + the attempts of their runs
     assert small["/api/escalations/"] == 5
     assert not any("COUNT(" in q["sql"].upper() for q in captured_for(client, "/api/runs/"))
@@ -63,7 +64,7 @@ def test_a_run_page_does_not_grow_with_its_attempts(client_for, reader):
         for n in range(2, 302)
     )
     many = queries(client, f"/api/runs/{run_id}/")
-    # token, permissions (2), run, attempts, escalations with decisions, interventions, events, children (its
-    # parent only when it has one)
-    assert many == few == 9
+    # token, permissions (2), run, attempts, escalations with decisions, interventions, events, attributes,
+    # children (its parent only when it has one)
+    assert many == few == 10
     assert len(client.get(f"/api/runs/{run_id}/").json()["attempts"]) == 303

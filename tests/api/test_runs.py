@@ -49,6 +49,7 @@ def test_the_list_is_newest_first_with_each_runs_sentence(client_for, reader):
         "workflow",
         "status",
         "sentence",
+        "attributes",
         "cursor",
         "owner",
         "lease_expires_at",
