@@ -42,7 +42,6 @@ from durableruns.policies import (
     lookup_errors,
     settle_in_doubt,
 )
-from durableruns.progress import reporter
 from durableruns.registry import Step, Workflow, effect_key, get_workflow
 from durableruns.store import Claimed, Intent, Lease
 from durableruns.tracebacks import error_detail
@@ -389,7 +388,7 @@ class Engine:
             effect_key=intent.effect_key, attempt=intent.attempt,
             timeout=step_timeout(step),
             progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
-            start_child=start_child, report=reporter(lease, step.name, intent.attempt, self.clock),
+            start_child=start_child, report=store.reporter(lease, step.name, intent.attempt, self.clock),
         )
         ensure_autocommit()
         with _traced_call(state, step, intent.attempt):

@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from durableruns import store
-from durableruns.clock import Clock
 from durableruns.errors import DeclarationError
 
 MAX_MESSAGE = 500  # characters
@@ -87,13 +85,3 @@ class Progress(dict[str, Any]):
         self._last = now
         if self._write is not None:
             self._write(*report)
-
-
-def reporter(lease: store.Lease, step: str, attempt: int, clock: Clock) -> Write:
-    """What commits the progress of `attempt` of `step`, fenced on `lease` (FencedOut if it is lost)."""
-
-    def write(message: str, done: int | None, total: int | None) -> None:
-        store.record_progress(lease, step=step, attempt=attempt, message=message, done=done, total=total,
-                              clock=clock)
-
-    return write

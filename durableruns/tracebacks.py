@@ -22,5 +22,5 @@ def error_detail(exc: BaseException) -> str:
     lines.extend(traceback.format_exception_only(type(exc), exc))
     text = "".join(lines).rstrip()
     if len(text) > LIMIT:
-        text = "...\n" + text[-(LIMIT - 4):]
+        text = "...\n" + text[-(LIMIT - 4) :]
     return storable(text, limit=LIMIT)

@@ -6,6 +6,8 @@ Not the hot path: durableruns.progress commits at most once a second per step, a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import transaction
 
 from durableruns import conf
@@ -65,6 +67,15 @@ def record_progress(
             run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED
         ).update(progress_message=message, progress_done=done, progress_total=total, progress_at=clock.expression())
         if not moved:
-            raise FencedOut(
-                f"attempt {attempt} of {step} is no longer started", run_id=lease.run_id, epoch=lease.epoch
-            )
+            raise FencedOut(f"attempt {attempt} of {step} is no longer started", run_id=lease.run_id, epoch=lease.epoch)
+
+
+def reporter(
+    lease: Lease, step: str, attempt: int, clock: Clock = DATABASE
+) -> Callable[[str, int | None, int | None], None]:
+    """What commits the progress of `attempt` of `step` (durableruns.progress.Progress), fenced on `lease`."""
+
+    def write(message: str, done: int | None, total: int | None) -> None:
+        record_progress(lease, step=step, attempt=attempt, message=message, done=done, total=total, clock=clock)
+
+    return write
