@@ -44,6 +44,7 @@ from durableruns.admin.display import (
     zone_detail,
 )
 from durableruns.admin.forms import ApprovalForm, NoteForm
+from durableruns.admin.live import live_context, live_view
 from durableruns.boundary import Zone
 from durableruns.errors import DurableRunsError
 from durableruns.models import (
@@ -152,7 +153,9 @@ class RunStateAdmin(ReadOnlyRecord):
     def get_urls(self) -> list[Any]:
         approvals = path("approvals/", self.admin_site.admin_view(self.approvals_view),
                          name="durableruns_approvals")
-        return [approvals, *super().get_urls()]
+        live = path("<path:object_id>/live/", self.admin_site.admin_view(lambda request, object_id: live_view(
+            self, request, object_id)), name="durableruns_runstate_live")
+        return [approvals, live, *super().get_urls()]
 
     # -- the approval queue: runs waiting for a person's yes or no, beside the escalation queue
 
@@ -320,6 +323,9 @@ class RunStateAdmin(ReadOnlyRecord):
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
             # Staff who may not decide still read an escalation: the link says "read it", not "decide it".
             "can_decide": request.user.has_perm("durableruns.decide_escalation"),
+            # Where a step raised (error_detail) is for staff who may view runs, not for everyone who may act.
+            "can_see_traceback": request.user.has_perm("durableruns.view_runstate"),
+            **live_context(run, rows),
         }
 
     # -- staff actions, each confirmed with a note and recorded by a service
