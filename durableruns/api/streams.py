@@ -61,9 +61,11 @@ def _let_go() -> None:
 
 
 def stream(
-    run_id: str, *, after: timeline.Key | None, seconds: float = STREAM_SECONDS, poll: float = POLL
+    run_id: str, *, after: timeline.Key | None, seconds: float | None = None, poll: float = POLL
 ) -> Iterator[str]:
-    """The events of `run_id` after `after`, as they are recorded, until the run ends or `seconds` pass."""
+    """The events of `run_id` after `after`, as they are recorded, until the run ends or `seconds` (by default
+    STREAM_SECONDS) pass."""
+    seconds = STREAM_SECONDS if seconds is None else seconds
     yield f"retry: {RETRY_MS}\n\n"
     began = time.monotonic()
     spoke = began
