@@ -102,9 +102,11 @@ def entries(run: RunState, attempts: list[RunStep]) -> list[Entry]:
             out.append(Entry((_micros(a.progress_at), 3, a.attempt, a.step), "progress", report))
     kind = "end" if run.status in ENDED else _RUN_EVENTS.get(run.status)
     if kind is not None:
+        # After all the run recorded: on SQLite one commit's times are read one by one, so its own may be earlier.
+        last = max([_micros(run.updated_at), *(e.key[0] for e in out)])
         out.append(
             Entry(
-                (_micros(run.updated_at), 4, 0, ""),
+                (last, 4, 0, ""),
                 kind,
                 {"status": run.status, "reason": run.reason, "wake_at": _at(run.wake_at)},
             )
