@@ -406,7 +406,9 @@ class Engine:
                      exc: Exception) -> tuple[Intent, bool] | None:
         """Classify a step's exception: a rejection (or a re-executable step) failed; anything else is in doubt."""
         error = describe(exc)
-        log.error("run %s: %s attempt %s raised %s", state.run_id, step.name, intent.attempt, error, exc_info=exc)
+        bug = not step.is_rejection(exc)  # a declared rejection: a business outcome, no traceback
+        log.log(logging.ERROR if bug else logging.INFO, "run %s: %s attempt %s raised %s", state.run_id, step.name,
+                intent.attempt, error, exc_info=exc if bug else None)
         if _fails(step, exc):
             now = self.clock.now()
             store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, clock=self.clock,
