@@ -23,7 +23,7 @@ from durableruns.models import RunState, RunStatus, RunStep
 
 ENDED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 ACTIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
-_RUN_EVENTS = {RunStatus.WAITING: "waiting", RunStatus.NEEDS_DECISION: "needs_decision"}
+_RUN_EVENTS: dict[str, str] = {RunStatus.WAITING: "waiting", RunStatus.NEEDS_DECISION: "needs_decision"}
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 Key = tuple[int, int, int, str]

@@ -81,8 +81,11 @@ def test_fuzzing_every_operation_finds_no_server_error(superuser, monkeypatch):
     assert {(op.method.upper(), op.path) for op in operations} == OPERATIONS
     # Generated path parameters rarely name a row; a second pass pins them to seeded rows so that GETs and
     # decisions reach the database and the services, not only the 404s.
-    real_rows = {"/api/runs/{run_id}/": {"run_id": "po-2"}, "/api/escalations/{id}/decide/": {"id": escalation.pk},
-                 "/api/runs/{run_id}/events-stream/": {"run_id": "po-3"}}
+    real_rows = {
+        "/api/runs/{run_id}/": {"run_id": "po-2"},
+        "/api/escalations/{id}/decide/": {"id": escalation.pk},
+        "/api/runs/{run_id}/events-stream/": {"run_id": "po-3"},
+    }
     statuses: dict[str, set[int]] = {}
 
     for operation in operations:
