@@ -28,6 +28,7 @@ def test_the_run_page_shows_the_latest_progress_and_updates_it_live(as_viewer):
     page = as_viewer.get(f"{RUNS}{run_id}/change/").content.decode()
     assert "crawl: crawled 3 (3/5)" in page and 'id="dr-progress-bar" max="5" value="3"' in page
     assert 'data-active="1"' in page and f"{RUNS}{run_id}/live/" in page and "<script>" in page
+    assert "{#" not in page and "small script asks" not in page  # the template's comment is not shown
     live = as_viewer.get(f"{RUNS}{run_id}/live/").json()
     assert live["active"] and live["progress"]["line"] == "crawl: crawled 3 (3/5)"
     assert [(a["step"], a["attempt"], a["status"]) for a in live["attempts"]] == [("crawl", 1, "started")]
