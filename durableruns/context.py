@@ -22,6 +22,7 @@ from durableruns import faults
 from durableruns.attributes import checked
 from durableruns.encoding import to_json
 from durableruns.errors import DeclarationError, ResultNotJSON
+from durableruns.progress import Progress, Write
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -50,6 +51,7 @@ class StepContext:
         checkpoint: Checkpoint | None = None,
         start_child: StartChild | None = None,
         attributes: dict[str, Any] | None = None,
+        report: Write | None = None,
     ) -> None:
         self.run_id = run_id
         self.step = step
@@ -58,7 +60,9 @@ class StepContext:
         self.effect_key = effect_key
         self.attempt = attempt
         self.timeout = timeout
-        self.progress: dict[str, Any] = progress if progress is not None else {}
+        # A dict (what a checkpointed loop commits) and callable: ctx.progress(message, done=, total=).
+        self.progress: Progress = Progress(progress, report)
+        self._reports = self.progress  # the one the engine flushes, even if the step rebinds ctx.progress
         # The maps' collected results are the record's, not the step's: kept apart, committed with progress.
         self._maps: dict[str, dict[str, Any]] = self.progress.pop(MAP_KEY, None) or {}
         self._map_calls = 0
@@ -207,9 +211,15 @@ class StepContext:
             raise first
 
     def flush(self) -> None:
-        """Commit the map results collected since the last checkpoint (the engine calls it when a step raises)."""
+        """Commit the map results collected since the last checkpoint, and the progress report still held (the
+        engine calls it when a step raises)."""
         if self._unsaved:
             self._save(self._loop_cursor)
+        self._reports.flush()
+
+    def report_held(self) -> None:
+        """Commit the progress report still held, if any (the engine calls it when the step returns)."""
+        self._reports.flush()
 
     def _save(self, loop_cursor: int) -> None:
         """Commit the loop position, the step's progress and the maps' results, as one checkpoint."""

@@ -44,6 +44,7 @@ from durableruns.policies import (
 )
 from durableruns.registry import Step, Workflow, effect_key, get_workflow
 from durableruns.store import Claimed, Intent, Lease
+from durableruns.tracebacks import error_detail
 
 if TYPE_CHECKING:
     from durableruns.worker.heartbeat import Heartbeat
@@ -391,11 +392,13 @@ class Engine:
             timeout=step_timeout(step),
             progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
             start_child=start_child, attributes=state.attributes,
+            report=store.reporter(lease, step.name, intent.attempt, self.clock),
         )
         ensure_autocommit()
         with _traced_call(state, step, intent.attempt):
             try:
                 result = step.fn(ctx)
+                ctx.report_held()  # a progress report held by the one-a-second limit is committed before the result
             except (FencedOut, EffectInTransaction):
                 raise
             except Exception:
@@ -407,11 +410,13 @@ class Engine:
                      exc: Exception) -> tuple[Intent, bool] | None:
         """Classify a step's exception: a rejection (or a re-executable step) failed; anything else is in doubt."""
         error = describe(exc)
-        log.info("run %s: %s attempt %s raised %s", state.run_id, step.name, intent.attempt, error)
+        bug = not step.is_rejection(exc)  # a declared rejection: a business outcome, no traceback
+        log.log(logging.ERROR if bug else logging.INFO, "run %s: %s attempt %s raised %s", state.run_id, step.name,
+                intent.attempt, error, exc_info=exc if bug else None)
         if _fails(step, exc):
             now = self.clock.now()
             store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, clock=self.clock,
-                                 intent_recorded=recorded, effect_key=intent.effect_key)
+                                 intent_recorded=recorded, effect_key=intent.effect_key, detail=error_detail(exc))
             state.tally(step.name)[0] += 1
             verdict = after_failure(attempts_made=state.tally(step.name)[0],
                                     max_attempts=step.max_attempts, now=now, backoff=conf.retry_backoff(),
@@ -428,8 +433,8 @@ class Engine:
         # The call may have reached the far system: the attempt stays started (in doubt) and goes through
         # its policy, exactly as if the process had died here (and counts against the crash budget as such).
         # Its call was over when it raised: that moment, recorded, bounds it for this pass and every later one.
-        raised_at = (store.record_raised(state.lease, step=step.name, attempt=intent.attempt, clock=self.clock)
-                     if recorded else self.clock.now())
+        raised_at = (store.record_raised(state.lease, step=step.name, attempt=intent.attempt, clock=self.clock,
+                                         detail=error_detail(exc)) if recorded else self.clock.now())
         # What the attempt committed, as the record has it: a new attempt continues from its last checkpoint.
         attempt = StepAttempt(step=step.name, attempt=intent.attempt, status="started",
                               effect_key=intent.effect_key, raised_at=raised_at,

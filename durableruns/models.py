@@ -290,6 +290,14 @@ class RunStep(models.Model):
     epoch = models.PositiveBigIntegerField(default=0)
     loop_cursor = models.PositiveIntegerField(default=0, help_text="Items of the step's loop checkpointed.")
     progress = models.JSONField(default=dict, blank=True)
+    # What the step last said with ctx.progress (durableruns.progress), the latest only, on the database's clock.
+    progress_message = models.TextField(null=True, blank=True)
+    progress_done = models.PositiveBigIntegerField(null=True, blank=True)
+    progress_total = models.PositiveBigIntegerField(null=True, blank=True)
+    progress_at = models.DateTimeField(null=True, blank=True)
+    error_detail = models.TextField(
+        blank=True, default="", db_default="",
+        help_text="The last frames of the traceback of what the step raised (bounded), recorded with the error.")
 
     objects = RunStepQuerySet.as_manager()
 

@@ -46,6 +46,7 @@ from durableruns.admin.display import (
 )
 from durableruns.admin.drawing import plan_drawing
 from durableruns.admin.forms import ApprovalForm, NoteForm
+from durableruns.admin.live import live_context, live_view
 from durableruns.admin.restarts import restart_context, restart_url, restart_view
 from durableruns.boundary import Zone
 from durableruns.errors import DurableRunsError
@@ -160,7 +161,9 @@ class RunStateAdmin(ReadOnlyRecord):
         restart = path("restart/<str:step>/<path:object_id>/", self.admin_site.admin_view(
             services.non_atomic_requests(lambda request, **kw: restart_view(self, request, **kw))),
             name="durableruns_runstate_restart")
-        return [approvals, restart, *super().get_urls()]
+        live = path("<path:object_id>/live/", self.admin_site.admin_view(lambda request, object_id: live_view(
+            self, request, object_id)), name="durableruns_runstate_live")
+        return [approvals, restart, live, *super().get_urls()]
 
     # -- the approval queue: runs waiting for a person's yes or no, beside the escalation queue
 
@@ -342,6 +345,9 @@ class RunStateAdmin(ReadOnlyRecord):
             "can_retry": self.has_retry_permission(request) and run.status in RETRYABLE,
             # Staff who may not decide still read an escalation: the link says "read it", not "decide it".
             "can_decide": request.user.has_perm("durableruns.decide_escalation"),
+            # Where a step raised (error_detail) is for staff who may view runs, not for everyone who may act.
+            "can_see_traceback": request.user.has_perm("durableruns.view_runstate"),
+            **live_context(run, rows),
         }
 
     # -- staff actions, each confirmed with a note and recorded by a service

@@ -12,7 +12,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from durableruns import services
+from durableruns import services, timeline
 from durableruns.api.fields import (
     ESCALATION_STATES,
     OUTCOMES,
@@ -127,8 +127,17 @@ class AttemptSerializer(serializers.ModelSerializer):
             "result",
             "loop_cursor",
             "resolution",
+            "error_detail",
         ]
         read_only_fields = fields
+        extra_kwargs = {"error_detail": {"help_text": "The traceback's last frames: for staff users (is_staff) only."}}
+
+    def to_representation(self, instance: RunStep) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if not (request is not None and getattr(request.user, "is_staff", False)):
+            data.pop("error_detail", None)  # where the code raised is for staff, not for every API client
+        return data
 
 
 class EscalationSerializer(serializers.ModelSerializer):
@@ -261,6 +270,16 @@ class RelativeSerializer(serializers.Serializer):
     status = serializers.CharField(help_text="pending, running, waiting, needs_decision, completed, failed, cancelled")
 
 
+class ProgressSerializer(serializers.Serializer):
+    """What the run's latest ctx.progress said: the step, its message, done and total, when (database clock)."""
+
+    step = serializers.CharField()
+    message = serializers.CharField()
+    done = serializers.IntegerField(allow_null=True)
+    total = serializers.IntegerField(allow_null=True)
+    at = serializers.DateTimeField()
+
+
 class RunDetailSerializer(RunSerializer):
     """A run in full: its boundary in plan order, what it holds, every attempt, its escalations and staff acts,
     the run that started it and the child runs it started."""
@@ -279,6 +298,7 @@ class RunDetailSerializer(RunSerializer):
     attempts = AttemptSerializer(many=True, read_only=True)
     events = EventSerializer(many=True, read_only=True, help_text="Events sent to the run, oldest first.")
     input = JSONObjectField(read_only=True)
+    progress = serializers.SerializerMethodField(help_text="The latest ctx.progress of any of its steps, or null.")
 
     class Meta(RunSerializer.Meta):
         fields = [
@@ -301,8 +321,14 @@ class RunDetailSerializer(RunSerializer):
             "interventions",
             "attempts",
             "events",
+            "progress",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(ProgressSerializer(allow_null=True))
+    def get_progress(self, run: RunState) -> dict[str, Any] | None:
+        latest = timeline.latest_of(run.attempts.all())  # prefetched: no query more
+        return ProgressSerializer(latest).data if latest else None
 
     @extend_schema_field(RelativeSerializer(allow_null=True))
     def get_parent(self, run: RunState) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView
 
 from durableruns import conf
-from durableruns.api import views
+from durableruns.api import streams, views
 from durableruns.version import __version__
 
 
@@ -89,6 +89,7 @@ urlpatterns: list[URLPattern] = [
     path("runs/<run_id:run_id>/adopt_plan/", views.AdoptPlan.as_view(), name="run-adopt-plan"),
     path("runs/<run_id:run_id>/events/", views.SendEvent.as_view(), name="run-events"),
     path("runs/<run_id:run_id>/decide/", views.DecideApproval.as_view(), name="run-decide"),
+    path("runs/<run_id:run_id>/events-stream/", streams.RunEventsStream.as_view(), name="run-events-stream"),
     path("runs/<run_id:run_id>/", views.RunDetail.as_view(), name="run-detail"),
     path("escalations/", views.EscalationList.as_view(), name="escalation-list"),
     path("escalations/<int:id>/decide/", views.DecideEscalation.as_view(), name="escalation-decide"),

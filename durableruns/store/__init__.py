@@ -18,6 +18,7 @@ public names. One module a concept, each below the ones that use it:
     claims       claim and its statements (the probes, concurrency limits, a fresh run's first intent), and what
                  a thread's last claim read: next_due_from_last_claim, more_due_after_last_claim, NEXT_DUE
     attempts     record_intent, record_result, record_failure, checkpoint, record_raised
+    progress     record_progress, reporter (ctx.progress: a step's latest message, done, total)
     waits        wait, complete_wait, now_and_oldest_event, record_event, record_approval, APPROVAL_ACTIONS
     staff        open_escalation, record_decision, record_staff_action (a cancel with its descendants), adopt_plan
     rates        take_turn, turn_of, waiting_turns: a step's rate limit (its turn, or the time it waits for)
@@ -57,6 +58,7 @@ from durableruns.store.marks import (
     take_run_alert_mark,
 )
 from durableruns.store.plans import forget_plans, plan_of, record_plan
+from durableruns.store.progress import record_progress, reporter
 from durableruns.store.rates import take_turn, turn_of, waiting_turns
 from durableruns.store.runs import (
     begin_ending,
@@ -128,6 +130,8 @@ __all__ = [
     "record_failure",
     "record_intent",
     "record_plan",
+    "record_progress",
+    "reporter",
     "record_raised",
     "record_result",
     "record_staff_action",

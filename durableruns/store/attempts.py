@@ -252,18 +252,20 @@ def record_result(
 
 
 def record_failure(lease: Lease, *, step: str, attempt: int, error: str, clock: Clock = DATABASE,
-                   intent_recorded: bool = True, effect_key: str = "") -> None:
-    """The far system rejected the call (observed): the attempt is failed, never rewritten."""
+                   intent_recorded: bool = True, effect_key: str = "", detail: str = "") -> None:
+    """The far system rejected the call (observed): the attempt is failed, never rewritten; `detail`, the
+    traceback's last frames (durableruns.tracebacks), is recorded with the error."""
     error = storable(error)
     with transaction.atomic(using=conf.database(), durable=True):
         fence(lease, clock)
         if intent_recorded:
-            finish_attempt(lease, step, attempt, status=StepStatus.FAILED, error=error, finished_at=clock.expression())
+            finish_attempt(lease, step, attempt, status=StepStatus.FAILED, error=error, finished_at=clock.expression(),
+                           error_detail=detail)
         else:
             RunStep.objects.create(
                 run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.FAILED,
                 effect_key=effect_key, started_at=clock.expression(), finished_at=clock.expression(), error=error,
-                owner=lease.owner, epoch=lease.epoch,
+                owner=lease.owner, epoch=lease.epoch, error_detail=detail,
             )
     signals.send_on_commit(signals.attempt_failed, RunStep, run_id=lease.run_id, step=step, attempt=attempt,
                            error=error)  # signals
@@ -290,16 +292,16 @@ def checkpoint(lease: Lease, *, step: str, attempt: int, loop_cursor: int, progr
                             epoch=lease.epoch)
 
 
-def record_raised(lease: Lease, *, step: str, attempt: int, clock: Clock = DATABASE) -> datetime:
-    """Record, on the database's clock, that the started attempt raised in its live worker and stays in doubt;
-    return that moment. Its call was over by then, so every later pass bounds the call by it (policies.
-    last_call_bound). FencedOut if another worker took the run."""
+def record_raised(lease: Lease, *, step: str, attempt: int, clock: Clock = DATABASE, detail: str = "") -> datetime:
+    """Record, on the database's clock, that the started attempt raised in its live worker and stays in doubt
+    (with `detail`, the traceback's last frames); return that moment. Its call was over by then, so every later
+    pass bounds the call by it (policies.last_call_bound). FencedOut if another worker took the run."""
     with transaction.atomic(using=conf.database(), durable=True):
         fence(lease, clock)
         now = clock.now()
         moved = RunStep.objects.filter(
             run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED
-        ).update(raised_at=now)
+        ).update(raised_at=now, error_detail=detail)
         if not moved:
             raise FencedOut(f"attempt {attempt} of {step} is no longer started", run_id=lease.run_id,
                             epoch=lease.epoch)

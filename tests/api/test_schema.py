@@ -11,6 +11,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
+from durableruns.api import streams
 from durableruns.models import RunState
 from durableruns.registry import workflows
 from tests.api.conftest import escalated_run
@@ -30,6 +31,7 @@ OPERATIONS = {
     ("POST", "/api/runs/{run_id}/adopt_plan/"),
     ("POST", "/api/runs/{run_id}/events/"),
     ("POST", "/api/runs/{run_id}/decide/"),
+    ("GET", "/api/runs/{run_id}/events-stream/"),
 }
 EXAMPLES = 30  # per operation and pass: about 330 requests
 # Its only input is a free-form string in the path: every value is valid, so there is no invalid request to make.
@@ -65,10 +67,13 @@ def test_the_schema_is_served_to_signed_in_callers_and_names_every_operation(ano
     assert "durableruns.task" in workflows() and "durableruns.task" not in workflow["enum"]
 
 
-def test_fuzzing_every_operation_finds_no_server_error(superuser):
+def test_fuzzing_every_operation_finds_no_server_error(superuser, monkeypatch):
     make_run(run_id="po-1")
     complete("po-1", "first", {"ok": 1})
     escalation = escalated_run(run_id="po-2")
+    ended = make_run(run_id="po-3")
+    RunState.objects.filter(pk=ended).update(status="completed")
+    monkeypatch.setattr(streams, "STREAM_SECONDS", 0.5)  # a stream of a run that goes on ends soon all the same
     token = Token.objects.create(user=superuser)
     schema = schemathesis.openapi.from_wsgi(
         "/api/schema/?format=json", get_wsgi_application(), headers={"Authorization": f"Token {token.key}"}
@@ -77,7 +82,11 @@ def test_fuzzing_every_operation_finds_no_server_error(superuser):
     assert {(op.method.upper(), op.path) for op in operations} == OPERATIONS
     # Generated path parameters rarely name a row; a second pass pins them to seeded rows so that GETs and
     # decisions reach the database and the services, not only the 404s.
-    real_rows = {"/api/runs/{run_id}/": {"run_id": "po-2"}, "/api/escalations/{id}/decide/": {"id": escalation.pk}}
+    real_rows = {
+        "/api/runs/{run_id}/": {"run_id": "po-2"},
+        "/api/escalations/{id}/decide/": {"id": escalation.pk},
+        "/api/runs/{run_id}/events-stream/": {"run_id": "po-3"},
+    }
     statuses: dict[str, set[int]] = {}
 
     for operation in operations:
@@ -110,4 +119,5 @@ def test_fuzzing_every_operation_finds_no_server_error(superuser):
     assert 200 in statuses["GET /api/runs/"] and 201 in statuses["POST /api/runs/"]
     assert 200 in statuses["GET /api/runs/{run_id}/"] and 200 in statuses["GET /api/escalations/"]
     assert {200, 409} <= statuses["POST /api/escalations/{id}/decide/"]  # decided once, then refused
+    assert 200 in statuses["GET /api/runs/{run_id}/events-stream/"]
     assert RunState.objects.count() > 2

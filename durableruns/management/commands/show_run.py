@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from durableruns import services
+from durableruns import services, timeline
 from durableruns.errors import RunNotFound
 from durableruns.holdings import lapse_phrase
 from durableruns.models import RunEvent, RunState, RunStep
@@ -41,6 +41,12 @@ class Command(BaseCommand):
             self.stdout.write(f"  wakes at {run.wake_at.astimezone(tz):%Y-%m-%d %H:%M:%S}")
         if run.ending:
             self.stdout.write(f"  ending unfinished: gives back what it holds, then it is {run.ending}")
+        progress = timeline.latest_progress(run.run_id)
+        if progress is not None:
+            counted = f" ({progress['done']}/{progress['total'] if progress['total'] is not None else '?'})" if (
+                progress["done"] is not None) else ""
+            self.stdout.write(f"  progress of {progress['step']}: {progress['message']}{counted} "
+                              f"at {_clock(progress['at'], tz)}")
         held = services.holdings_of(run, held_only=True)
         self.stdout.write("holds:" if held else "holds: nothing in another system")
         now = timezone.now()
