@@ -9,6 +9,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -97,6 +98,11 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Mail (the alerts, durableruns.ops.alerts): SMTP on localhost, Django's default. From Django 6.1 a site names its
+# mailers; before it, EMAIL_BACKEND's default is the same backend. Tests send through Django's in-memory one.
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend"}}
 
 # No REST_FRAMEWORK block: durableruns' API declares its own policy on its views (see docs/reference/settings.md).
 SPECTACULAR_SETTINGS = {

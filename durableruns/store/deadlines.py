@@ -47,8 +47,7 @@ def overdue_of(run_id: str) -> Overdue | None:
     """The run's deadline facts, or None if it has no deadline."""
     row = (RunState.objects.filter(pk=run_id, deadline_at__isnull=False)
            .values_list("run_id", "created_at", "deadline_at", "on_deadline").first())
-    return None if row is None else Overdue(run_id=row[0], created_at=row[1], deadline_at=row[2],
-                                            on_deadline=row[3] or "cancel")
+    return None if row is None else _overdue(*row)
 
 
 def unclaimable_overdue(*, clock: Clock = DATABASE, limit: int = 100) -> list[Overdue]:
@@ -62,7 +61,12 @@ def unclaimable_overdue(*, clock: Clock = DATABASE, limit: int = 100) -> list[Ov
                     | Q(status=RunStatus.WAITING, wake_at__isnull=True) | Q(status=RunStatus.WAITING, wake_at__gt=now))
             .order_by("deadline_at")
             .values_list("run_id", "created_at", "deadline_at", "on_deadline")[:limit])
-    return [Overdue(run_id=r, created_at=c, deadline_at=d, on_deadline=o or "cancel") for r, c, d, o in rows]
+    return [_overdue(*row) for row in rows]
+
+
+def _overdue(run_id: str, created_at: datetime, deadline_at: datetime | None, on_deadline: str | None) -> Overdue:
+    assert deadline_at is not None, "read only where deadline_at is set"
+    return Overdue(run_id=run_id, created_at=created_at, deadline_at=deadline_at, on_deadline=on_deadline or "cancel")
 
 
 def end_at_deadline(run_id: str, *, final: str, reason: str, epoch: int | None = None,

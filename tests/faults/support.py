@@ -19,6 +19,7 @@ from durableruns import services
 from durableruns.models import RunState, RunStatus
 from project.purchasing.far import FarSystems
 from tests.conftest import ROOT, Workers, wait_until
+from tests.logs import stray_tracebacks
 
 PLAN: tuple[str, ...] = (
     "parse_request", "quote", "credit_check", "reserve_stock", "charge", "place_order", "book_shipment",
@@ -155,7 +156,7 @@ def settle(workers: Workers, run_ids: list[str], env: dict[str, str], *, folder:
             proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     out, err = worker.output()
-    assert proc.returncode == 0 and "Traceback" not in err, f"resume_runs exited {proc.returncode}:\n{out}\n{err}"
+    assert proc.returncode == 0 and not stray_tracebacks(err), f"resume_runs exited {proc.returncode}:\n{out}\n{err}"
     left = {r: s for r, s in statuses(run_ids).items() if s in ACTIVE}
     assert not left, f"runs not settled: {left}\n{out}"
     return out

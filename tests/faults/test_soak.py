@@ -48,6 +48,7 @@ from tests.faults.support import (
     start_purchase,
     total_effects,
 )
+from tests.logs import stray_tracebacks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres, pytest.mark.slow]
 
@@ -198,7 +199,7 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
     for worker in slots.values():
         worker.proc.wait(timeout=30)
         out, err = worker.output()
-        assert worker.proc.returncode == 0 and "Traceback" not in err, err[-4000:]
+        assert worker.proc.returncode == 0 and not stray_tracebacks(err), err[-4000:]
 
     # Every run completed, or was cancelled or abandoned by staff and gave back what it held; nobody waits.
     status = Counter(RunState.objects.exclude(pk__in=kin_runs).values_list("status", flat=True))

@@ -183,14 +183,17 @@ def make_site(base: Path, venv: Path, database: dict[str, Any]) -> BareSite:
 def serve(site: BareSite) -> None:
     port = free_port()
     site.url = f"http://127.0.0.1:{port}"
+    # runserver logs every request on stderr: to a file, since a pipe nobody reads fills up and stops the server.
+    log = (site.root / "runserver.log").open("w")
     site.server = subprocess.Popen(
         [str(site.venv / "bin" / "python"), "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
         cwd=site.root,
         env=site.env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
         text=True,
     )
+    log.close()  # the server has its own copy
 
     def answers() -> bool:
         try:
@@ -381,8 +384,9 @@ def test_fuzzing_the_bare_sites_schema_finds_no_server_error(site: BareSite):
                 case.validate_response(response, checks=[not_a_server_error])
 
             call()
-    # list, start, read, cancel, retry, adopt_plan, events, decide (an approval); the queue and its decide
-    assert len(statuses) == 10
+    # list, start, read, cancel, retry, restart, adopt_plan, events, the events stream, decide (an approval); the
+    # queue and its decide
+    assert len(statuses) == 12
     assert 200 in statuses["GET /api/runs/"] and 201 in statuses["POST /api/runs/"], json.dumps(
         {k: sorted(v) for k, v in statuses.items()}
     )

@@ -173,7 +173,6 @@ def test_the_sweep_leaves_a_run_a_claim_will_take_to_the_claim():
 
 
 def test_the_alerts_say_so_once(settings, django_user_model):
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.DURABLERUNS_ADMIN_BASE_URL = "https://ops.example.com/"
     django_user_model.objects.create_superuser("root", "root@example.com", "pw-root-9f3")
     run_id = durableruns.start("deadline_sleep", {})
