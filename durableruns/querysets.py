@@ -194,3 +194,35 @@ class EscalationQuerySet(models.QuerySet):
 
     def for_attempt(self, run_id: str, step: str, attempt: int) -> EscalationQuerySet:
         return self.filter(run_id=run_id, step=step, attempt=attempt)
+
+
+class InboxItemQuerySet(models.QuerySet):
+    def visible_to(self, user: Any) -> InboxItemQuerySet:
+        """The items of the runs `user` may see (durableruns.scopes)."""
+        hidden = scopes.hidden_workflows(user)
+        return self.exclude(run__workflow__in=sorted(hidden)) if hidden else self
+
+    def open(self) -> InboxItemQuerySet:
+        """Items still waiting for a person: not closed, their run not ended, and the approval's attempt still
+        waiting or the escalation undecided (an approval timed out and went on, or a run cancelled, is no work)."""
+        steps = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager
+        waiting = steps.filter(run_id=models.OuterRef("run_id"), step=models.OuterRef("step"),
+                               attempt=models.OuterRef("attempt"), status="started")
+        return (self.alias(_waits=models.Exists(waiting))
+                .filter(closed_at__isnull=True, run__status__in=RunPlanQuerySet.UNFINISHED)
+                .filter(Q(kind="escalation", escalation__decision__isnull=True) | Q(kind="approval", _waits=True)))
+
+    def for_person(self, user: Any, *, kinds: tuple[str, ...], mine: bool) -> InboxItemQuerySet:
+        """The open items of `kinds` (those the user may decide) of runs the user may see; with `mine`, those
+        assigned to one of the user's groups or to nobody, and not held by someone else."""
+        items = self.open().visible_to(user).filter(kind__in=kinds)
+        if mine:
+            groups = sorted(scopes.group_names(user))
+            items = items.filter(Q(group="") | Q(group__in=groups)).filter(
+                Q(claimed_by_user_id__isnull=True, claimed_by="") | Q(claimed_by_user_id=user.pk))
+        return items
+
+    def in_inbox_order(self, now: Any) -> InboxItemQuerySet:
+        """The overdue first, then by due time (none last), then the oldest first."""
+        overdue = Case(When(due_at__lte=now, then=models.Value(0)), default=models.Value(1))
+        return self.alias(_late=overdue).order_by("_late", F("due_at").asc(nulls_last=True), "opened_at", "id")
