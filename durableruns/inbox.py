@@ -40,11 +40,13 @@ def kinds_for(user: Any) -> tuple[str, ...]:
     return tuple(kind.value for kind, permission in PERMISSIONS.items() if user.has_perm(permission))
 
 
-def items(user: Any, *, mine: bool = False, clock: Clock | None = None) -> Any:
+def items(user: Any, *, mine: bool = False) -> Any:
     """The open items `user` sees, the overdue first, then by due time, then the oldest (a queryset)."""
-    now = (clock or Clock()).now()
-    return (InboxItem.objects.for_person(user, kinds=kinds_for(user), mine=mine).in_inbox_order(now)
-            .select_related("run", "escalation"))
+    return (
+        InboxItem.objects.for_person(user, kinds=kinds_for(user), mine=mine)
+        .in_inbox_order()
+        .select_related("run", "escalation")
+    )
 
 
 def count(user: Any) -> int:
@@ -76,16 +78,22 @@ def take(item_id: Any, *, user: Any, clock: Clock | None = None) -> InboxItem:
     naming the holder if someone else has it."""
     item = get_item(item_id, user)
     if not may_take(user, item):
-        raise NotAssigned(f"the {item.kind} is assigned to {item.group}: you are not a member", item_id=item.pk,
-                          group=item.group)
+        raise NotAssigned(
+            f"the {item.kind} is assigned to {item.group}: you are not a member", item_id=item.pk, group=item.group
+        )
     return store.take_item(item.pk, by=user.get_username(), user_id=user.pk, clock=clock or store.DATABASE)
 
 
 def release(item_id: Any, *, user: Any, clock: Clock | None = None) -> InboxItem:
     """Give the item back (recorded as a staff act): only its holder, or a superuser, may."""
     item = get_item(item_id, user)
-    return store.release_item(item.pk, by=user.get_username(), user_id=user.pk,
-                              superuser=bool(getattr(user, "is_superuser", False)), clock=clock or store.DATABASE)
+    return store.release_item(
+        item.pk,
+        by=user.get_username(),
+        user_id=user.pk,
+        superuser=bool(getattr(user, "is_superuser", False)),
+        clock=clock or store.DATABASE,
+    )
 
 
 # -- reminders and moves: the watchdog's look --------------------------------------------------------------
@@ -135,8 +143,11 @@ def recipients(item: InboxItem) -> tuple[str, ...]:
     else:
         app_label, codename = permission.split(".", 1)
         held = {"codename": codename, "content_type__app_label": app_label}
-        users = users.filter(Q(is_superuser=True) | Q(**{f"user_permissions__{k}": v for k, v in held.items()})
-                             | Q(**{f"groups__permissions__{k}": v for k, v in held.items()}))
+        users = users.filter(
+            Q(is_superuser=True)
+            | Q(**{f"user_permissions__{k}": v for k, v in held.items()})
+            | Q(**{f"groups__permissions__{k}": v for k, v in held.items()})
+        )
     return tuple(sorted({getattr(u, email_field) for u in users.distinct() if u.has_perm(permission)}))
 
 
@@ -151,7 +162,7 @@ def message(item: InboxItem, *, moved: bool, to: tuple[str, ...]) -> EmailMessag
     """The reminder of one item (or, `moved`, the notice to the group it moved to)."""
     run = item.run
     due = f"{item.due_at:%Y-%m-%d %H:%M %Z}" if item.due_at else "-"
-    what = (f"was moved to {item.group}: overdue since {due}" if moved else f"is due since {due}")
+    what = f"was moved to {item.group}: overdue since {due}" if moved else f"is due since {due}"
     lines = [
         f"The {item.kind} of run {run.run_id} ({run.workflow}) at its step {item.step} {what}.",
         "",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections, models
@@ -222,7 +222,8 @@ class InboxItemQuerySet(models.QuerySet):
                 Q(claimed_by_user_id__isnull=True, claimed_by="") | Q(claimed_by_user_id=user.pk))
         return items
 
-    def in_inbox_order(self, now: Any) -> InboxItemQuerySet:
-        """The overdue first, then by due time (none last), then the oldest first."""
-        overdue = Case(When(due_at__lte=now, then=models.Value(0)), default=models.Value(1))
-        return self.alias(_late=overdue).order_by("_late", F("due_at").asc(nulls_last=True), "opened_at", "id")
+    def in_inbox_order(self) -> InboxItemQuerySet:
+        """The overdue first, then by due time (which is the same order: an overdue item's due time is the
+        earliest), those due never last, then the oldest first; `due_key` is what a cursor pages on."""
+        never = models.Value(datetime(9999, 12, 31, tzinfo=UTC), output_field=models.DateTimeField())
+        return self.annotate(due_key=Coalesce("due_at", never)).order_by("due_key", "opened_at", "id")

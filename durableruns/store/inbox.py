@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
 
 from durableruns import conf
 from durableruns.clock import Clock
@@ -38,12 +38,18 @@ def open_item(*, run_id: str, step: str, attempt: int, kind: str, opening: Openi
     escalate times are the statement's now plus `due` (and twice `due`), on the database's clock. Once per
     attempt: a second opening of the same attempt (a resume) keeps the first."""
     due, move = opening.due, opening.escalate_to if opening.due is not None else ""
-    InboxItem.objects.get_or_create(
+    item, created = InboxItem.objects.get_or_create(
         run_id=run_id, step=step, attempt=attempt,
         defaults={"kind": kind, "escalation": escalation, "group": opening.group, "escalate_to": move,
-                  "opened_at": clock.expression(),
-                  "due_at": clock.expression(after=due) if due is not None else None,
-                  "escalate_at": clock.expression(after=2 * due) if due is not None and move else None})
+                  "opened_at": clock.expression()})
+    if created and due is not None:  # counted from the very time recorded as its opening
+        InboxItem.objects.filter(pk=item.pk).update(
+            due_at=_after_opening(due), escalate_at=_after_opening(2 * due) if move else None)
+
+
+def _after_opening(delta: timedelta) -> Any:
+    return ExpressionWrapper(F("opened_at") + Value(delta, output_field=DurationField()),
+                             output_field=DateTimeField())
 
 
 def guard_decision(*, run_id: str, step: str, attempt: int, decided_by: str, user_id: int | None, superuser: bool,
