@@ -21,8 +21,9 @@ def price(ctx: Any) -> dict[str, Any]:
     return {"total": ctx.input.get("total", 100)}
 
 
-inbox_order.approval("manager_approval", assign_to=MANAGERS, due=DUE, escalate_to=DIRECTORS,
-                     doc="Check the quote against the budget.")
+inbox_order.approval(
+    "manager_approval", assign_to=MANAGERS, due=DUE, escalate_to=DIRECTORS, doc="Check the quote against the budget."
+)
 
 
 @inbox_order.step(policy="escalate", assign_to=lambda ctx: ctx.input["desk"], due=DUE)

@@ -84,9 +84,10 @@ class CanAdoptPlan(_ModelPermission):
 class CanUseInbox(BasePermission):
     """The inbox, read or acted on: staff who may decide approvals or escalations (each sees the kinds it may)."""
 
-    message = ("The inbox needs the permission durableruns.decide_approval or durableruns.decide_escalation.")
+    message = "The inbox needs the permission durableruns.decide_approval or durableruns.decide_escalation."
 
     def has_permission(self, request: Request, view: Any) -> bool:
         user = request.user
-        return bool(user and (user.has_perm("durableruns.decide_approval")
-                              or user.has_perm("durableruns.decide_escalation")))
+        return bool(
+            user and (user.has_perm("durableruns.decide_approval") or user.has_perm("durableruns.decide_escalation"))
+        )

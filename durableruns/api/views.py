@@ -525,8 +525,11 @@ class SendEvent(_StaffAct):
                 s.ErrorSerializer,
                 description="No such run (run_not_found), or it does not wait for that approval (approval_not_found).",
             ),
-            409: OpenApiResponse(s.ConflictSerializer, description="Decided already (already_decided), or taken by "
-                                 "someone else in the inbox (taken: names who and since when)."),
+            409: OpenApiResponse(
+                s.ConflictSerializer,
+                description="Decided already (already_decided), or taken by "
+                "someone else in the inbox (taken: names who and since when).",
+            ),
         },
     ),
     get=dict(exclude=True),

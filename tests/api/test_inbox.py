@@ -67,8 +67,9 @@ def escalated(desk: str = "north") -> InboxItem:
 
 
 def acts(run_id: str) -> list[str]:
-    return list(Intervention.objects.filter(run_id=run_id, action__in=ACTS).order_by("pk").values_list(
-        "action", flat=True))
+    return list(
+        Intervention.objects.filter(run_id=run_id, action__in=ACTS).order_by("pk").values_list("action", flat=True)
+    )
 
 
 def test_an_approval_opens_assigned_and_due_on_the_databases_clock():
