@@ -12,8 +12,8 @@ from django.contrib.auth.models import Group, Permission, User
 
 import durableruns
 from durableruns.models import InboxItem, Intervention, RunState, RunStatus, WorkerPresence
-from tests import mailbox
 from tests import inbox_workflows as flows
+from tests import mailbox
 from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
