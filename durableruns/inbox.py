@@ -54,6 +54,12 @@ def count(user: Any) -> int:
     return InboxItem.objects.for_person(user, kinds=kinds_for(user), mine=True).count()
 
 
+def summary(user: Any, *, now: Any) -> dict[str, int]:
+    """The dashboard's line about the user's inbox: how many items are theirs, how many of those are overdue."""
+    mine = InboxItem.objects.for_person(user, kinds=kinds_for(user), mine=True)
+    return {"count": mine.count(), "overdue": mine.filter(due_at__lte=now).count()}
+
+
 def get_item(item_id: Any, user: Any) -> InboxItem:
     """The open item `item_id` as `user` sees it: InboxItemNotFound for one closed, of a run out of scope, or of
     a kind the user may not decide."""

@@ -102,3 +102,11 @@ def test_reject_asks_for_its_note_approve_does_not():
     # the inbox opens one run's approval
     page = client.get(f"{approvals}?run={first.run_id}").content.decode()
     assert first.run_id in page and "every approval" in page
+
+
+def test_the_dashboard_names_the_persons_inbox_and_its_overdue_items():
+    late, _ = waiting(), waiting()
+    InboxItem.objects.filter(pk=late.pk).update(due_at=late.opened_at - timedelta(minutes=1))
+    page = logged_in(member("mia", flows.MANAGERS)).get("/admin/durableruns/").content.decode()
+    assert "Your inbox: 2 items" in page and "1 overdue" in page
+    assert "Your inbox: 0 items" in logged_in(member("carl")).get("/admin/durableruns/").content.decode()
