@@ -241,3 +241,15 @@ def test_items_of_runs_out_of_scope_are_in_no_list_or_count(client_for, settings
 def test_bad_input_is_a_400_or_404_never_a_500(client_for, alice):
     assert client_for(alice).get("/api/inbox/?mine=perhaps").status_code == 400
     assert client_for(alice).post("/api/inbox/abc/claim/").status_code == 404
+
+
+def test_a_superuser_may_release_what_another_holds_and_that_is_recorded(client_for, alice, superuser):
+    item = waiting_for_approval()
+    assert client_for(alice).post(f"/api/inbox/{item.pk}/release/").json()["holder"] is None  # nobody held it
+    assert acts(item.run_id) == []  # nothing changed, nothing recorded
+    client_for(alice).post(f"/api/inbox/{item.pk}/claim/")
+    released = client_for(superuser).post(f"/api/inbox/{item.pk}/release/")
+    assert released.status_code == 200 and released.json()["holder"] is None
+    act = Intervention.objects.get(run_id=item.run_id, action="release")
+    assert act.decided_by == "root" and act.result == {"item": item.pk, "held_by": "alice"}
+    assert "alice held" in act.note
