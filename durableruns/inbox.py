@@ -109,6 +109,7 @@ def release(item_id: Any, *, user: Any, clock: Clock | None = None) -> InboxItem
 class Swept:
     """What one look did: the items reminded of and moved (each by this process only), the mails that failed."""
 
+    closed: int = 0  # items closed because no decision will come (their run ended, their approval went on)
     reminded: list[int] = field(default_factory=list)
     moved: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
@@ -118,6 +119,7 @@ def sweep(*, clock: Clock = store.DATABASE, limit: int = 100) -> Swept:
     """Move each item past its escalation moment to its escalate_to group, and remind each item past its due
     time, mailing the group's members once per item: whichever of any number of processes takes the mark."""
     swept = Swept()
+    swept.closed = store.close_stale(clock=clock)
     for item_id in store.due_to_move(clock=clock, limit=limit):
         item = store.move(item_id, clock=clock)
         if item is None:

@@ -51,6 +51,7 @@ from durableruns.store.deadlines import (
 from durableruns.store.debounce import DEBOUNCED, debounce_run
 from durableruns.store.inbox import (
     Opening,
+    close_stale,
     due_to_move,
     due_to_remind,
     give_reminder_back,
@@ -135,6 +136,7 @@ __all__ = [
     "now_and_oldest_event",
     "open_escalation",
     "Opening",
+    "close_stale",
     "due_to_move",
     "due_to_remind",
     "give_reminder_back",

@@ -253,3 +253,27 @@ def test_a_superuser_may_release_what_another_holds_and_that_is_recorded(client_
     act = Intervention.objects.get(run_id=item.run_id, action="release")
     assert act.decided_by == "root" and act.result == {"item": item.pk, "held_by": "alice"}
     assert "alice held" in act.note
+
+
+def test_retention_deletes_an_ended_runs_items_with_it(settings):
+    from durableruns.ops import prune
+
+    settings.DURABLERUNS_PRUNE_EVIDENCE_DAYS = 1
+    item = waiting_for_approval()
+    services.decide(item.run_id, "manager_approval", "reject", by="alice", note="no")
+    services.resume_due(run_id=item.run_id)
+    assert RunState.objects.get(pk=item.run_id).status == RunStatus.CANCELLED
+    RunState.objects.filter(pk=item.run_id).update(updated_at=item.opened_at - timedelta(days=400))
+    report = prune.prune(older_than_days=30)
+    assert report.inbox_items == 1
+    assert not InboxItem.objects.filter(run_id=item.run_id).exists()
+
+
+def test_the_sweep_closes_the_items_of_runs_that_ended_otherwise(alice):
+    item = waiting_for_approval()
+    other = waiting_for_approval()
+    services.cancel_run(item.run_id, by="alice", note="not needed")
+    swept = inbox.sweep()
+    assert swept.closed == 1 and swept.reminded == [] and swept.moved == []
+    assert InboxItem.objects.get(pk=item.pk).closed_at is not None
+    assert InboxItem.objects.get(pk=other.pk).closed_at is None
