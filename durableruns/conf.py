@@ -338,3 +338,13 @@ def workflow_groups() -> dict[str, frozenset[str]]:
             )
         groups[workflow] = frozenset(names)
     return groups
+
+
+def default_assignee() -> str:
+    """The group an approval or escalation is assigned to when its declaration names none (durableruns.inbox):
+    DURABLERUNS_DEFAULT_ASSIGNEE, a group name; None by default (every member of staff with the permission to
+    decide it, as before the inbox)."""
+    value = getattr(settings, "DURABLERUNS_DEFAULT_ASSIGNEE", None)
+    if value is not None and (not isinstance(value, str) or len(value) > 150):
+        raise ImproperlyConfigured(f"DURABLERUNS_DEFAULT_ASSIGNEE must be a group name or None, not {value!r}")
+    return value or ""

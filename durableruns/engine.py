@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 
 from durableruns import children, conf, deadlines, faults, plans, releasing, signals, store, turns, waiting, waits
+from durableruns.assignments import opening
 from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
@@ -271,7 +272,7 @@ class Engine:
         if action is Action.ESCALATE:
             store.open_escalation(lease, step=step.name, attempt=attempt.attempt, effect_key=attempt.effect_key,
                                   in_doubt_since=attempt.started_at or attempt.raised_at, reason=verdict.reason,
-                                  clock=self.clock)
+                                  inbox=opening(step, lambda: state.context(step, attempt.attempt)), clock=self.clock)
             raise Stop(RunOutcome(run_id=state.run_id, status=RunStatus.NEEDS_DECISION,
                                   detail=verdict.reason, steps_run=state.steps_run))
         if action in (Action.HOLD, Action.STOP):

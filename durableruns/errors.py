@@ -17,6 +17,9 @@
     ├── InvalidDecision           the outcome is not one of happened / did_not_happen / abandon
     ├── RunNotActionable          a staff action does not fit the run's status (cancel a completed run, ...)
     ├── PlanMismatch              adopt_plan refused: the run's record does not fit the current plan (names the step)
+    ├── InboxItemNotFound         no open inbox item has that id (or its run is out of the caller's scope)
+    ├── ItemTaken                 another person holds the inbox item (carries held_by and held_since)
+    ├── NotAssigned               the inbox item is assigned to a group the caller is not a member of
     └── NotMeasurable             measure_loop cannot measure that step (unknown, not re_executable, no loop)
 
 `Rejected` is not in this tree: it is what a step raises to say the far system refused the call, an
@@ -115,6 +118,18 @@ class InvalidDecision(DurableRunsError):
 
 class RunNotActionable(DurableRunsError):
     """The run's status does not allow that action."""
+
+
+class InboxItemNotFound(DurableRunsError):
+    """No open inbox item has that id."""
+
+
+class ItemTaken(DurableRunsError):
+    """Another person holds this inbox item: only they decide it (or a superuser, recorded as an override)."""
+
+
+class NotAssigned(DurableRunsError):
+    """The inbox item is assigned to a group you are not a member of."""
 
 
 class PlanMismatch(DurableRunsError):

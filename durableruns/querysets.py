@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections, models
@@ -194,3 +194,36 @@ class EscalationQuerySet(models.QuerySet):
 
     def for_attempt(self, run_id: str, step: str, attempt: int) -> EscalationQuerySet:
         return self.filter(run_id=run_id, step=step, attempt=attempt)
+
+
+class InboxItemQuerySet(models.QuerySet):
+    def visible_to(self, user: Any) -> InboxItemQuerySet:
+        """The items of the runs `user` may see (durableruns.scopes)."""
+        hidden = scopes.hidden_workflows(user)
+        return self.exclude(run__workflow__in=sorted(hidden)) if hidden else self
+
+    def open(self) -> InboxItemQuerySet:
+        """Items still waiting for a person: not closed, their run not ended, and the approval's attempt still
+        waiting or the escalation undecided (an approval timed out and went on, or a run cancelled, is no work)."""
+        steps = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager
+        waiting = steps.filter(run_id=models.OuterRef("run_id"), step=models.OuterRef("step"),
+                               attempt=models.OuterRef("attempt"), status="started")
+        return (self.alias(_waits=models.Exists(waiting))
+                .filter(closed_at__isnull=True, run__status__in=RunPlanQuerySet.UNFINISHED)
+                .filter(Q(kind="escalation", escalation__decision__isnull=True) | Q(kind="approval", _waits=True)))
+
+    def for_person(self, user: Any, *, kinds: tuple[str, ...], mine: bool) -> InboxItemQuerySet:
+        """The open items of `kinds` (those the user may decide) of runs the user may see; with `mine`, those
+        assigned to one of the user's groups or to nobody, and not held by someone else."""
+        items = self.open().visible_to(user).filter(kind__in=kinds)
+        if mine:
+            groups = sorted(scopes.group_names(user))
+            items = items.filter(Q(group="") | Q(group__in=groups)).filter(
+                Q(claimed_by_user_id__isnull=True, claimed_by="") | Q(claimed_by_user_id=user.pk))
+        return items
+
+    def in_inbox_order(self) -> InboxItemQuerySet:
+        """The overdue first, then by due time (which is the same order: an overdue item's due time is the
+        earliest), those due never last, then the oldest first; `due_key` is what a cursor pages on."""
+        never = models.Value(datetime(9999, 12, 31, tzinfo=UTC), output_field=models.DateTimeField())
+        return self.annotate(due_key=Coalesce("due_at", never)).order_by("due_key", "opened_at", "id")

@@ -127,6 +127,9 @@ class Workflow:
         when: WhenFn | None = None,
         rate: str | None = None,
         rate_key: Callable[[StepContext], Any] | None = None,
+        assign_to: str | Callable[[StepContext], Any] | None = None,
+        due: timedelta | None = None,
+        escalate_to: str = "",
     ) -> Callable[[StepFn], StepFn]:
         """Declare the decorated function as the next step; `policy` is required, there is no default.
 
@@ -140,6 +143,7 @@ class Workflow:
         step skipped (its result None). `rate="N/s" | "N/m" | "N/h"`: across every worker and host, at most N
         attempts of the step start in any window of that length (per key, with `rate_key=`, a function of ctx
         asked once per attempt); a run over the limit waits for its turn holding nothing (durableruns.rates).
+        `assign_to=`, `due=`, `escalate_to=`: an escalation of the step as an inbox item (durableruns.inbox).
         """
         try:
             chosen = Policy(policy)
@@ -163,6 +167,7 @@ class Workflow:
         limit = None if rate is None else parse_rate(rate, where=self.name)
         if rate_key is not None and (limit is None or not callable(rate_key)):
             raise DeclarationError(f"{self.name}: rate_key= must be a function of ctx, with a rate= to count under")
+        _check_inbox(self.name, assign_to, due, escalate_to)
 
         def register(fn: StepFn) -> StepFn:
             name = fn.__name__
@@ -204,6 +209,9 @@ class Workflow:
                 when=when,
                 rate=limit,
                 rate_key=rate_key,
+                assign_to=assign_to,
+                due=due,
+                escalate_to=escalate_to,
             )
             self._add(step)
             return fn
@@ -254,11 +262,17 @@ class Workflow:
                        intent=False, when=when, wait=wait))
 
     def approval(self, name: str, *, when: WhenFn | None = None, timeout: timedelta | None = None,
-                 on_timeout: str = "escalate", on_reject: str = "cancel", doc: str = "") -> None:
+                 on_timeout: str = "escalate", on_reject: str = "cancel", doc: str = "",
+                 assign_to: str | Callable[[StepContext], Any] | None = None, due: timedelta | None = None,
+                 escalate_to: str = "") -> None:
         """Declare a step that waits for a person with durableruns.decide_approval to approve or reject it
         (durableruns.decide(run_id, name, "approve" | "reject", by=..., note=...)). ctx.results[name] is
         {"approved": bool, "by": ..., "note": ..., "at": ...}. A rejection with on_reject="cancel" ends the run
-        cancelled; "continue" goes on. `doc` tells staff what to check before deciding."""
+        cancelled; "continue" goes on. `doc` tells staff what to check before deciding. `assign_to` (a group's
+        name, or a function of ctx returning one, asked once when the wait begins), `due` (a timedelta from then,
+        on the database's clock) and `escalate_to` (the group it moves to once overdue by `due` again) make it an
+        assigned item of the inbox (durableruns.inbox)."""
+        _check_inbox(f"{self.name}.{name}", assign_to, due, escalate_to)
         timing_out = _choice(self.name, name, "on_timeout", on_timeout, OnTimeout)
         rejecting = _choice(self.name, name, "on_reject", on_reject, OnReject)
         if timeout is not None:
@@ -266,7 +280,7 @@ class Workflow:
         _check_when(self.name, when)
         wait = Wait(kind=Kind.APPROVAL, timeout=timeout, on_timeout=timing_out, on_reject=rejecting)
         self._add(Step(name=_wait_name(self.name, name), fn=_waits(name, doc), policy=Policy.RE_EXECUTABLE,
-                       intent=False, when=when, wait=wait))
+                       intent=False, when=when, wait=wait, assign_to=assign_to, due=due, escalate_to=escalate_to))
 
     def join(self, name: str, *, timeout: timedelta | None = None, on_timeout: str = "fail",
              on_child_failure: str = "fail") -> None:
@@ -486,6 +500,17 @@ def _choice(workflow: str, name: str, what: str, value: str, choices: type[enum.
     except ValueError:
         raise DeclarationError(f"{workflow}.{name}: {what} must be one of {', '.join(c.value for c in choices)}, "
                                f"not {value!r}") from None
+
+
+def _check_inbox(where: str, assign_to: Any, due: Any, escalate_to: Any) -> None:
+    if assign_to is not None and not callable(assign_to) and (not isinstance(assign_to, str) or not assign_to
+                                                              or len(assign_to) > 150):
+        raise DeclarationError(f"{where}: assign_to= must be a group's name or a function of ctx, not {assign_to!r}")
+    if due is not None and (not isinstance(due, timedelta) or due <= timedelta(0)):
+        raise DeclarationError(f"{where}: due= must be a positive timedelta, not {due!r}")
+    if not isinstance(escalate_to, str) or len(escalate_to) > 150 or (escalate_to and due is None):
+        raise DeclarationError(f"{where}: escalate_to= is a group's name, and needs a due= (it moves when overdue "
+                               f"by as much again), not {escalate_to!r}")
 
 
 def _check_when(workflow: str, when: Any) -> None:

@@ -16,7 +16,10 @@ from durableruns import conf
 _GROUPS_ATTRIBUTE = "_durableruns_group_names"
 
 
-def _group_names(user: Any) -> frozenset[str]:
+def group_names(user: Any) -> frozenset[str]:
+    """The names of the groups `user` is a member of (none for an anonymous user), read once per request."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return frozenset()
     names = getattr(user, _GROUPS_ATTRIBUTE, None)
     if names is None:
         names = frozenset(user.groups.values_list("name", flat=True))
@@ -35,7 +38,7 @@ def hidden_workflows(user: Any) -> frozenset[str]:
         return frozenset()
     if user is None or not getattr(user, "is_authenticated", False):
         return frozenset(scoped)
-    mine = _group_names(user)
+    mine = group_names(user)
     return frozenset(workflow for workflow, groups in scoped.items() if not groups & mine)
 
 

@@ -326,6 +326,11 @@ def _who(by: Any) -> tuple[str, int | None]:
     raise InvalidDecision("`by` must be a user or a non-empty name")
 
 
+def _superuser(by: Any) -> bool:
+    """Whether `by` is a superuser: who may decide an inbox item another person holds (recorded as an override)."""
+    return bool(getattr(by, "is_superuser", False)) and bool(getattr(by, "is_active", True))
+
+
 def _required_note(note: Any) -> str:
     if not isinstance(note, str) or not note.strip():
         raise InvalidDecision("a note saying why is required")
@@ -354,7 +359,7 @@ def resolve_escalation(escalation_id: int, outcome: str, *, by: Any, note: str, 
 
     def record() -> Intervention:
         return store.record_decision(escalation.pk, action=chosen.value, decided_by=decided_by, user_id=user_id,
-                                     note=note, result=result, cursor=cursor)
+                                     note=note, result=result, cursor=cursor, superuser=_superuser(by))
 
     traces = tracing_in_use()
     if traces is None:
@@ -419,7 +424,7 @@ def decide_approval(run_id: str, step: str, *, approved: bool, by: Any, note: st
         raise ApprovalNotFound(f"run {run_id} has no approval {step}: its plan does not declare one",
                                run_id=run_id, step=step)
     return store.record_approval(run_id, step=step, approved=approved, decided_by=decided_by, user_id=user_id,
-                                 note=store.storable(note.strip(), limit=2000))
+                                 note=store.storable(note.strip(), limit=2000), superuser=_superuser(by))
 
 
 def send_event(run_id: str, event: str, payload: Any = None, *, key: str | None = None) -> bool:

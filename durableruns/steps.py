@@ -63,6 +63,12 @@ class Step:
     wait: Wait | None = None
     sleep_for: timedelta | Callable[[StepContext], timedelta] | None = None
     sleep_until: Callable[[StepContext], Any] | None = None
+    # An approval, or an escalation of this step, as work for people (durableruns.inbox): the group it is
+    # assigned to (a name, or a function of ctx asked once as it opens), due that long after it opens (the
+    # database's clock), moved to `escalate_to` once overdue by as much again.
+    assign_to: str | Callable[[StepContext], Any] | None = None
+    due: timedelta | None = None
+    escalate_to: str = ""
 
     @property
     def kind(self) -> str:

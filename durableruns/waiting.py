@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from datetime import datetime, timedelta
 
-from durableruns import children, faults, store, waits
+from durableruns import assignments, children, faults, store, waits
 from durableruns.boundary import StepAttempt
 from durableruns.context import StepContext
 from durableruns.errors import DeclarationError
@@ -68,6 +68,7 @@ def wait_move(driver: Driver, state: Pass, step: Step, index: int, latest: StepA
     key = effect_key(state.key_base, step.name)
     kind = waits.Move
     if move.move in (kind.BEGIN, kind.WAIT):
+        begins = move.move is kind.BEGIN
         store.wait(
             lease,
             step=step.name,
@@ -79,7 +80,10 @@ def wait_move(driver: Driver, state: Pass, step: Step, index: int, latest: StepA
             join=wait.kind is waits.Kind.JOIN,
             cursor=index,
             effect_key=key,
-            detail=dict(move.detail or {}) if move.move is kind.BEGIN else None,
+            detail=dict(move.detail or {}) if begins else None,
+            inbox=assignments.opening(step, lambda: state.context(step, attempt))
+            if begins and wait.kind is waits.Kind.APPROVAL
+            else None,
             clock=driver.clock,
         )
         raise Stop(

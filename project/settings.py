@@ -101,8 +101,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Mail (the alerts, durableruns.ops.alerts): SMTP on localhost, Django's default. From Django 6.1 a site names its
 # mailers; before it, EMAIL_BACKEND's default is the same backend. Tests send through Django's in-memory one.
+# EMAIL_BACKEND in the environment names another backend (the tests' worker processes write to a file with one).
+if env("EMAIL_BACKEND", default="") and django.VERSION < (6, 1):
+    EMAIL_BACKEND = env("EMAIL_BACKEND")
 if django.VERSION >= (6, 1):
-    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.smtp.EmailBackend"}}
+    MAILERS = {"default": {"BACKEND": env("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")}}
 
 # No REST_FRAMEWORK block: durableruns' API declares its own policy on its views (see docs/reference/settings.md).
 SPECTACULAR_SETTINGS = {

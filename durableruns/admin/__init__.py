@@ -10,6 +10,7 @@ package, which imports them):
 
     runs          the runs' list and filters, a run's page, cancel and retry, the approval queue (RunStateAdmin)
     escalations   the escalation queue and its decisions (EscalationAdmin)
+    inbox         the person's inbox of approvals and escalations (InboxAdmin), the approval queue's entry
     schedules     the schedules' page (ScheduleAdmin)
 
 and below them what they share: display (badges, summaries, holdings, a run's family and sentence), forms (the
@@ -31,6 +32,7 @@ from durableruns.admin.display import (
 )
 from durableruns.admin.escalations import EscalationAdmin
 from durableruns.admin.forms import DECISION_LABELS, nesting_depth
+from durableruns.admin.inbox import ApprovalQueueAdmin, InboxAdmin
 from durableruns.admin.runs import RunStateAdmin
 from durableruns.admin.schedules import ScheduleAdmin
 
@@ -41,6 +43,8 @@ __all__ = [
     "ZONE_BADGES",
     "CappedCountPaginator",
     "EscalationAdmin",
+    "ApprovalQueueAdmin",
+    "InboxAdmin",
     "ReadOnlyRecord",
     "RunStateAdmin",
     "ScheduleAdmin",

@@ -108,10 +108,16 @@ class DecisionForm(forms.Form):
 
 
 class ApprovalForm(forms.Form):
-    """Approve or reject one approval (the button pressed), with a required note."""
+    """Approve or reject one approval (the button pressed); a rejection needs its note, an approval may say why."""
 
     run_id = forms.CharField(widget=forms.HiddenInput)
     step = forms.CharField(widget=forms.HiddenInput)
     outcome = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
-    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 2, "cols": 50}),
-                           help_text="Why: recorded with your name and the time.")
+    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 2, "cols": 50}), required=False,
+                           help_text="Why: recorded with your name and the time (required to reject).")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("outcome") == "reject" and not str(data.get("note") or "").strip():
+            raise forms.ValidationError("a rejection needs a note saying why")
+        return data

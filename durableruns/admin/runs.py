@@ -193,10 +193,14 @@ class RunStateAdmin(ReadOnlyRecord):
                     self.message_user(request, f"Recorded “{data['outcome']}” for {data['step']} of "
                                                f"{data['run_id']}; the run goes on at once.", messages.SUCCESS)
             else:
-                self.message_user(request, "Nothing was recorded: a note saying why is required.", messages.ERROR)
-            return HttpResponseRedirect(request.path)
+                self.message_user(request, "Nothing was recorded: a rejection needs a note saying why.",
+                                  messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
         rows = []
+        only = request.GET.get("run")  # the inbox opens one run's approval
         for attempt in services.open_approvals(user=request.user):
+            if only and attempt.run_id != only:
+                continue
             run = attempt.run
             boundary = row_boundary(run)
             until = (attempt.progress or {}).get("until")

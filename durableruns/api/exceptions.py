@@ -82,6 +82,21 @@ class PlanMismatchError(DurableRunsAPIError):
     default_code = "plan_mismatch"
 
 
+class InboxItemNotFoundError(DurableRunsAPIError):
+    status_code = status.HTTP_404_NOT_FOUND
+    default_code = "inbox_item_not_found"
+
+
+class ItemTakenError(DurableRunsAPIError):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "taken"
+
+
+class NotAssignedError(DurableRunsAPIError):
+    status_code = status.HTTP_403_FORBIDDEN
+    default_code = "not_assigned"
+
+
 TRANSLATIONS: dict[type[errors.DurableRunsError], type[DurableRunsAPIError]] = {
     errors.UnknownWorkflow: UnknownWorkflowError,
     errors.InvalidInput: InvalidInputError,
@@ -94,6 +109,9 @@ TRANSLATIONS: dict[type[errors.DurableRunsError], type[DurableRunsAPIError]] = {
     errors.InvalidDecision: InvalidDecisionError,
     errors.RunNotActionable: RunNotActionableError,
     errors.PlanMismatch: PlanMismatchError,
+    errors.InboxItemNotFound: InboxItemNotFoundError,
+    errors.ItemTaken: ItemTakenError,
+    errors.NotAssigned: NotAssignedError,
 }
 
 

@@ -79,3 +79,15 @@ class CanRestartRuns(_ModelPermission):
 class CanAdoptPlan(_ModelPermission):
     perm = "durableruns.adopt_plan"
     message = "Moving a run to the current plan needs the permission durableruns.adopt_plan."
+
+
+class CanUseInbox(BasePermission):
+    """The inbox, read or acted on: staff who may decide approvals or escalations (each sees the kinds it may)."""
+
+    message = "The inbox needs the permission durableruns.decide_approval or durableruns.decide_escalation."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        return bool(
+            user and (user.has_perm("durableruns.decide_approval") or user.has_perm("durableruns.decide_escalation"))
+        )

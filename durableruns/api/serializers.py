@@ -419,3 +419,5 @@ class ConflictSerializer(ErrorSerializer):
     status = serializers.CharField(required=False)
     step = serializers.CharField(required=False, help_text="plan_mismatch: the step that does not fit.")
     plan = serializers.CharField(required=False, help_text="plan_mismatch: the plan the run could not adopt.")
+    held_by = serializers.CharField(required=False, help_text="taken: who holds the inbox item.")
+    held_since = serializers.DateTimeField(required=False, help_text="taken: since when they hold it.")

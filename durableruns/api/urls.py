@@ -15,7 +15,7 @@ from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView
 
 from durableruns import conf
-from durableruns.api import streams, views
+from durableruns.api import inbox, streams, views
 from durableruns.version import __version__
 
 
@@ -93,5 +93,8 @@ urlpatterns: list[URLPattern] = [
     path("runs/<run_id:run_id>/", views.RunDetail.as_view(), name="run-detail"),
     path("escalations/", views.EscalationList.as_view(), name="escalation-list"),
     path("escalations/<int:id>/decide/", views.DecideEscalation.as_view(), name="escalation-decide"),
+    path("inbox/", inbox.InboxList.as_view(), name="inbox-list"),
+    path("inbox/<int:id>/claim/", inbox.ClaimItem.as_view(), name="inbox-claim"),
+    path("inbox/<int:id>/release/", inbox.ReleaseItem.as_view(), name="inbox-release"),
     path("schema/", SchemaView.as_view(), name="schema"),
 ]

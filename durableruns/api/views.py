@@ -325,7 +325,8 @@ class EscalationList(DurableRunsAPIView, generics.ListAPIView):
             404: OpenApiResponse(s.ErrorSerializer, description="No such escalation (escalation_not_found)."),
             409: OpenApiResponse(
                 s.ConflictSerializer,
-                description="Decided already (already_decided: names who decided first and when), or the run "
+                description="Decided already (already_decided: names who decided first and when), taken by someone "
+                "else in the inbox (taken: names who and since when), or the run "
                 "no longer waits for a decision (run_not_actionable).",
             ),
         },
@@ -524,7 +525,11 @@ class SendEvent(_StaffAct):
                 s.ErrorSerializer,
                 description="No such run (run_not_found), or it does not wait for that approval (approval_not_found).",
             ),
-            409: OpenApiResponse(s.ConflictSerializer, description="Decided already (already_decided)."),
+            409: OpenApiResponse(
+                s.ConflictSerializer,
+                description="Decided already (already_decided), or taken by "
+                "someone else in the inbox (taken: names who and since when).",
+            ),
         },
     ),
     get=dict(exclude=True),

@@ -47,6 +47,7 @@ class PruneReport:
     escalations: int = 0
     interventions: int = 0
     attributes: int = 0  # run_attribute rows deleted with their runs (durableruns.attributes)
+    inbox_items: int = 0  # run_inbox_item rows deleted with their runs (durableruns.inbox)
     batches: int = 0
     seconds: float = 0.0
     by_status: dict[str, int] = field(default_factory=dict)

@@ -10,6 +10,8 @@ public names. One module a concept, each below the ones that use it:
                  fast(), fence(), finish_attempt(), lease_times(), wake_workers()
                  (to_json, ensure_json, storable: durableruns.encoding, below the store; re-exported here)
     plans        record_plan, plan_of, forget_plans
+    inbox        Opening, open_item (inside the commit that opens an approval's wait or an escalation),
+                 guard_decision (inside the decision's), take_item, release_item, remind, move: the inbox's items
     attributes   write_attributes, write_many: a run's attributes, inside the commit that creates the run or
                  records a step's result (used by children, runs and attempts below; not re-exported)
     children     NewChild, child_exists, start_child; a child's end waking its parent's join (wake_parent)
@@ -47,6 +49,17 @@ from durableruns.store.deadlines import (
     unclaimable_overdue,
 )
 from durableruns.store.debounce import DEBOUNCED, debounce_run
+from durableruns.store.inbox import (
+    Opening,
+    close_stale,
+    due_to_move,
+    due_to_remind,
+    give_reminder_back,
+    move,
+    release_item,
+    remind,
+    take_item,
+)
 from durableruns.store.marks import (
     SCRATCH_WORKFLOW,
     delete_runs,
@@ -122,6 +135,15 @@ __all__ = [
     "next_due_from_last_claim",
     "now_and_oldest_event",
     "open_escalation",
+    "Opening",
+    "close_stale",
+    "due_to_move",
+    "due_to_remind",
+    "give_reminder_back",
+    "move",
+    "release_item",
+    "remind",
+    "take_item",
     "parked_by_last_claim",
     "plan_of",
     "record_approval",

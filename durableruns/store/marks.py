@@ -11,7 +11,16 @@ from django.db import IntegrityError, connections, transaction
 from durableruns import conf
 from durableruns.clock import Clock
 from durableruns.encoding import storable
-from durableruns.models import Escalation, Intervention, RunAttribute, RunState, RunStatus, RunStep, WorkerPresence
+from durableruns.models import (
+    Escalation,
+    InboxItem,
+    Intervention,
+    RunAttribute,
+    RunState,
+    RunStatus,
+    RunStep,
+    WorkerPresence,
+)
 from durableruns.store.base import DATABASE
 
 
@@ -42,8 +51,9 @@ def delete_scratch_run(run_id: str) -> None:
 
 # -- retention and alerts (durableruns.ops): the other writes, kept here with the rest ---------------------
 
-# Children first: interventions point at escalations, everything points at the run.
+# Children first: inbox items and interventions point at escalations, everything points at the run.
 _RUN_TABLES = (
+    ("inbox_items", InboxItem._meta.db_table),
     ("interventions", Intervention._meta.db_table),
     ("escalations", Escalation._meta.db_table),
     ("attempts", RunStep._meta.db_table),
@@ -55,7 +65,7 @@ _RUN_TABLES = (
 def delete_runs(ids: list[str]) -> dict[str, int]:
     """Delete the runs `ids` (locked by the caller's transaction) and what hangs on them, by primary key list:
     plain DELETEs, not Django's collector, which would first read every row (inputs and results included).
-    Return how many rows went from each: interventions, escalations, attempts, attributes, runs."""
+    Return how many rows went from each: inbox items, interventions, escalations, attempts, attributes, runs."""
     placeholders = ", ".join(["%s"] * len(ids))
     deleted = {}
     with connections[conf.database()].cursor() as cursor:

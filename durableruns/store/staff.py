@@ -19,12 +19,14 @@ from durableruns.plans import Plan, attempted_in_order, check_fit
 from durableruns.store.base import DATABASE, ENDED, Lease, wake_workers
 from durableruns.store.cancels import announce_cancelled, cancel_descendants, ending_fields, staff_act
 from durableruns.store.children import wake_parent
+from durableruns.store.inbox import Opening, guard_decision, open_item
 from durableruns.store.plans import plan_of, record_plan
 
 
 def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, in_doubt_since: datetime | None,
-                    reason: str, clock: Clock = DATABASE) -> None:
-    """Stop the run for a person: the escalation and the run's needs_decision status in one commit."""
+                    reason: str, inbox: Opening | None = None, clock: Clock = DATABASE) -> None:
+    """Stop the run for a person: the escalation, its inbox item (assigned as `inbox` says; by default to
+    DURABLERUNS_DEFAULT_ASSIGNEE) and the run's needs_decision status in one commit."""
     reason = storable(reason)
     with transaction.atomic(using=conf.database(), durable=True):
         moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(
@@ -40,6 +42,9 @@ def open_escalation(lease: Lease, *, step: str, attempt: int, effect_key: str, i
             defaults={"effect_key": effect_key, "in_doubt_since": in_doubt_since or clock.expression(),
                       "opened_at": clock.expression(), "reason": reason},
         )
+        if created:
+            open_item(run_id=lease.run_id, step=step, attempt=attempt, kind="escalation", escalation=escalation,
+                      opening=inbox or Opening(group=conf.default_assignee()), clock=clock)
     if created:  # signals
         signals.send_on_commit(signals.escalation_opened, Escalation, escalation_id=escalation.pk,
                                run_id=lease.run_id, step=step, attempt=attempt, reason=reason)
@@ -54,11 +59,14 @@ def record_decision(
     note: str,
     result: Any,
     cursor: int | None,
+    superuser: bool = False,
     clock: Clock = DATABASE,
 ) -> Intervention:
     """Apply a staff decision once: the decision row, its effect on the attempt, and a resumable run, in one commit.
 
-    The one-to-one between decision and escalation is what makes a second, concurrent decision fail.
+    The one-to-one between decision and escalation is what makes a second, concurrent decision fail. A decision
+    by anyone but the holder of the escalation's inbox item raises ItemTaken, recording nothing (a superuser's
+    is recorded as an override).
     """
     cancelled: list[str] = []
     cascade = ""
@@ -73,6 +81,8 @@ def record_decision(
                 raise RunNotActionable(
                     f"the run is {status}, not waiting for a decision", run_id=escalation.run_id, status=status
                 )
+            guard_decision(run_id=escalation.run_id, step=escalation.step, attempt=escalation.attempt,
+                           decided_by=decided_by, user_id=user_id, superuser=superuser, now=now)
             decision = Intervention.objects.create(
                 run_id=escalation.run_id, escalation=escalation, step=escalation.step,
                 attempt=escalation.attempt, action=action, decided_by=decided_by, user_id=user_id,

@@ -25,6 +25,7 @@ from durableruns.store.base import (
     lease_times,
     wake_workers,
 )
+from durableruns.store.inbox import Opening, guard_decision, open_item
 from durableruns.store.sql import WAKE_CHANNEL, Times, one
 
 # A wait's completion (durableruns.waits): the run's row is fenced on the epoch and on what the completion needs
@@ -142,10 +143,10 @@ APPROVAL_ACTIONS = (Intervention.Action.APPROVE, Intervention.Action.REJECT)
 
 def wait(lease: Lease, *, step: str, attempt: int, until: datetime | None, reason: str, event: str = "",
          approval: bool = False, join: bool = False, cursor: int | None = None, effect_key: str = "",
-         detail: dict[str, Any] | None = None, clock: Clock = DATABASE) -> None:
+         detail: dict[str, Any] | None = None, inbox: Opening | None = None, clock: Clock = DATABASE) -> None:
     """Hand the run back waiting at the wait `step` until `until` (None: until something is sent or decided),
     holding no lease; with `detail`, first begin the wait: its started attempt records what it waits for and
-    until when, once. One commit.
+    until when, once (an approval's with its inbox item, `inbox`). One commit.
 
     The run's row is updated first (on PostgreSQL its lock; on SQLite the write lock), then the record is read
     again: an event or decision that committed before is seen, and the run is due at once; one committing after
@@ -162,6 +163,9 @@ def wait(lease: Lease, *, step: str, attempt: int, until: datetime | None, reaso
             RunStep.objects.create(
                 run_id=lease.run_id, step=step, attempt=attempt, status=StepStatus.STARTED, effect_key=effect_key,
                 started_at=clock.expression(), owner=lease.owner, epoch=lease.epoch, progress=detail)
+            if inbox is not None:
+                open_item(run_id=lease.run_id, step=step, attempt=attempt, kind="approval", opening=inbox,
+                          clock=clock)
         if _came(lease.run_id, event=event, approval=approval, step=step, attempt=attempt, join=join):
             RunState.objects.filter(pk=lease.run_id).update(wake_at=clock.expression())
         wake_workers()  # idle workers learn the wake time (their timer), or take it now
@@ -247,9 +251,10 @@ def record_event(run_id: str, *, event: str, payload: dict[str, Any], key: str |
 
 
 def record_approval(run_id: str, *, step: str, approved: bool, decided_by: str, user_id: int | None, note: str,
-                    clock: Clock = DATABASE) -> Intervention:
+                    superuser: bool = False, clock: Clock = DATABASE) -> Intervention:
     """Decide the approval `step` the run waits at, once: the decision is its own row (who, when, why), and the
-    run is due at once. A second decision raises AlreadyDecided (the unique index settles a race)."""
+    run is due at once. A second decision raises AlreadyDecided (the unique index settles a race); one by
+    anyone but the holder of its inbox item raises ItemTaken and records nothing (a superuser's is an override)."""
     with transaction.atomic(using=conf.database(), durable=True):
         now = clock.now()
         run = RunState.objects.select_for_update().filter(pk=run_id).values_list("status", flat=True).first()
@@ -265,6 +270,8 @@ def record_approval(run_id: str, *, step: str, approved: bool, decided_by: str, 
             raise ApprovalNotFound(f"run {run_id} does not wait for the approval {step}", run_id=run_id, step=step)
         if run not in (RunStatus.WAITING, RunStatus.NEEDS_DECISION, RunStatus.RUNNING, RunStatus.PENDING):
             raise RunNotActionable(f"the run is {run}: its approval cannot be decided", run_id=run_id, status=run)
+        guard_decision(run_id=run_id, step=step, attempt=latest[0], decided_by=decided_by, user_id=user_id,
+                       superuser=superuser, now=now)
         try:
             with transaction.atomic(using=conf.database()):
                 decision = Intervention.objects.create(

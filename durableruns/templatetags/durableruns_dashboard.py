@@ -7,7 +7,7 @@ from typing import Any
 
 from django import template
 
-from durableruns import scopes
+from durableruns import inbox, scopes
 from durableruns.ops import dashboard
 
 register = template.Library()
@@ -22,4 +22,7 @@ def durableruns_dashboard(context: template.Context) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not any(user.has_perm(f"durableruns.{p}") for p in SEES_RUNS):
         return {"charts": None}
-    return dashboard.build(hidden=scopes.hidden_workflows(user))
+    built = dashboard.build(hidden=scopes.hidden_workflows(user))
+    if inbox.kinds_for(user):  # the person's inbox: what is theirs to take, and how much of it is overdue
+        built["inbox"] = inbox.summary(user, now=built["now"])
+    return built

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from durableruns import conf, deadlines
+from durableruns import conf, deadlines, inbox
 from durableruns.clock import Clock
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import RunStep, StepStatus
@@ -77,7 +77,7 @@ def outlived(leases_of: Heartbeat, *, clock: Clock, margin: timedelta) -> list[O
 
 class Watchdog(Background):
     """A thread that looks at the steps in hand every few seconds and logs each one past its timeout, once; and
-    ends the runs past their deadline that no claim takes."""
+    ends the runs past their deadline that no claim takes; and reminds of and moves the inbox's overdue items."""
 
     thread_name = "durableruns-watchdog"
 
@@ -111,6 +111,11 @@ class Watchdog(Background):
                     deadlines.sweep(clock=self.clock)
                 except (DatabaseError, InterfaceError) as exc:  # the next look sweeps again
                     log.warning("watchdog: could not end the runs past their deadline: %s", exc)
+                    connections.close_all()
+                try:
+                    inbox.sweep(clock=self.clock)
+                except (DatabaseError, InterfaceError) as exc:  # the next look reminds and moves again
+                    log.warning("watchdog: could not remind of or move the inbox's overdue items: %s", exc)
                     connections.close_all()
         finally:
             connections.close_all()  # this thread's own

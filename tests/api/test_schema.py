@@ -32,6 +32,9 @@ OPERATIONS = {
     ("POST", "/api/runs/{run_id}/events/"),
     ("POST", "/api/runs/{run_id}/decide/"),
     ("GET", "/api/runs/{run_id}/events-stream/"),
+    ("GET", "/api/inbox/"),
+    ("POST", "/api/inbox/{id}/claim/"),
+    ("POST", "/api/inbox/{id}/release/"),
 }
 EXAMPLES = 30  # per operation and pass: about 330 requests
 # Its only input is a free-form string in the path: every value is valid, so there is no invalid request to make.
