@@ -187,7 +187,7 @@ def checked_span(dbname: str, runs: int) -> float:
 
 
 def run_workers(dbname: str, workers: int, concurrency: int, *, counted: Path | None = None,
-                timeout: float = 900.0) -> dict[str, float]:
+                root: Path = app.ROOT, timeout: float = 900.0) -> dict[str, float]:
     """Start `workers` resume_runs --once processes at once; wall seconds until the last exited and their summed
     CPU (os.wait4). With `counted`, each runs under bench.counted_worker and writes its counts there."""
     env = dict(os.environ, **app.site_env(dbname), PYTHONUNBUFFERED="1", PGAPPNAME=APP_NAME)
@@ -202,7 +202,7 @@ def run_workers(dbname: str, workers: int, concurrency: int, *, counted: Path | 
                 command = [sys.executable, "-m", "bench.counted_worker", *command[2:]]
                 extra = {"BENCH_COUNTS_FILE": str(counted / f"worker-{n}.json")}
             err = open(Path(tmp) / f"worker-{n}.err", "w+")
-            procs.append((subprocess.Popen(command, cwd=app.ROOT, env={**env, **extra}, stdout=subprocess.DEVNULL,
+            procs.append((subprocess.Popen(command, cwd=root, env={**env, **extra}, stdout=subprocess.DEVNULL,
                                            stderr=err), err))
         cpu = 0.0
         failures = []
@@ -226,13 +226,14 @@ def run_workers(dbname: str, workers: int, concurrency: int, *, counted: Path | 
     return {"wall_s": wall, "worker_cpu_s": cpu}
 
 
-def durableruns_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> dict[str, Any]:
+def durableruns_round(dbname: str, *, runs: int, workers: int, concurrency: int,
+                      root: Path = app.ROOT) -> dict[str, Any]:
     from bench.workflows import NOOP5_STEPS
 
     create_pending(dbname, runs)
     before = server_counters(dbname)
     with sampling(dbname, APP_NAME) as seen:
-        worker = run_workers(dbname, workers, concurrency)
+        worker = run_workers(dbname, workers, concurrency, root=root)
     after = server_counters(dbname)
     span = checked_span(dbname, runs)
     steps = runs * NOOP5_STEPS
@@ -250,13 +251,14 @@ def durableruns_round(dbname: str, *, runs: int, workers: int, concurrency: int)
     }
 
 
-def counted_pass(dbname: str, *, runs: int, workers: int, concurrency: int) -> dict[str, float]:
+def counted_pass(dbname: str, *, runs: int, workers: int, concurrency: int,
+                 root: Path = app.ROOT) -> dict[str, float]:
     """The same load under bench.counted_worker (untimed): statements and round trips per step."""
     from bench.workflows import NOOP5_STEPS
 
     create_pending(dbname, runs)
     with tempfile.TemporaryDirectory(prefix="bench-commit-counts-") as tmp:
-        run_workers(dbname, workers, concurrency, counted=Path(tmp))
+        run_workers(dbname, workers, concurrency, counted=Path(tmp), root=root)
         totals: Counter[str] = Counter()
         for path in Path(tmp).glob("worker-*.json"):
             totals.update(json.loads(path.read_text()))
@@ -359,6 +361,20 @@ def memory(dbname: str, *, runs: int, concurrency: int = 32, batches: int = 10) 
             "last_over_first": rss[-1] / rss[0], "last_over_second": rss[-1] / rss[min(1, len(rss) - 1)]}
 
 
+def baseline_db(dbname: str) -> str:
+    return f"{dbname}_base"
+
+
+def prepare_baseline(dbname: str, root: Path) -> None:
+    """The baseline checkout's own database, made anew and migrated by that checkout's own migrations."""
+    recreate_database(baseline_db(dbname))
+    env = dict(os.environ, **app.site_env(baseline_db(dbname)))
+    done = subprocess.run([sys.executable, "manage.py", "migrate", "--skip-checks", "-v0"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"migrating the baseline's database failed: {done.stderr[-2000:]}")
+
+
 # -- the whole measurement -------------------------------------------------------------------------------------
 
 
@@ -369,19 +385,28 @@ def rotated(items: list[Any], round_no: int) -> list[Any]:
 
 
 def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurrency: int, rounds: int,
-            pgbench_seconds: int, memory_runs: int) -> dict[str, Any]:
+            pgbench_seconds: int, memory_runs: int, baseline: Path | None = None) -> dict[str, Any]:
     clients = sorted({w * concurrency for w in worker_counts})
     prepare_pgbench(dbname, max(clients))
     jobs: list[tuple[str, int]] = [("durableruns", w) for w in worker_counts] + [("pgbench", c) for c in clients]
+    if baseline is not None:
+        jobs += [("baseline", w) for w in worker_counts]
     ours: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
+    base: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
     theirs: dict[int, list[dict[str, Any]]] = {c: [] for c in clients}
     ratios: dict[int, list[float]] = {w: [] for w in worker_counts}
+    base_ratios: dict[int, list[float]] = {w: [] for w in worker_counts}
     for round_no in range(rounds):
         this_round: dict[tuple[str, int], dict[str, Any]] = {}
         for kind, n in rotated(jobs, round_no):
             if kind == "durableruns":
                 this_round[kind, n] = durableruns_round(dbname, runs=runs, workers=n, concurrency=concurrency)
                 ours[n].append(this_round[kind, n])
+            elif kind == "baseline":
+                assert baseline is not None
+                this_round[kind, n] = durableruns_round(baseline_db(dbname), runs=runs, workers=n,
+                                                        concurrency=concurrency, root=baseline)
+                base[n].append(this_round[kind, n])
             else:
                 this_round[kind, n] = pgbench_round(dbname, clients=n, seconds=pgbench_seconds)
                 theirs[n].append(this_round[kind, n])
@@ -391,6 +416,9 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
         for w in worker_counts:
             ratios[w].append(this_round["durableruns", w]["steps_per_s"]
                              / this_round["pgbench", w * concurrency]["tps"])
+            if baseline is not None:
+                base_ratios[w].append(this_round["durableruns", w]["steps_per_s"]
+                                      / this_round["baseline", w]["steps_per_s"])
     counts = {w: counted_pass(dbname, runs=runs, workers=w, concurrency=concurrency) for w in worker_counts}
     levels: dict[str, Any] = {}
     numeric = ("span_s", "wall_s", "steps_per_s", "steps_per_s_wall", "worker_cpu_ms_per_step", "pg_cpu_ms_per_step",
@@ -406,6 +434,10 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
         level["ratio"] = summarize(ratios[w])
         level["counted"] = counts[w]
         level["waits_share"] = _shares(rows)
+        if baseline is not None:
+            level["baseline"] = {name: summarize([row[name] for row in base[w]]) for name in numeric}
+            level["baseline"]["waits_share"] = _shares(base[w])
+            level["over_baseline"] = summarize(base_ratios[w])
         level["pgbench_waits_share"] = _shares(bench_rows)
         levels[str(w)] = level
     figures: dict[str, Any] = {"levels": levels}
@@ -449,6 +481,19 @@ def markdown(data: dict[str, Any]) -> str:
         verdict = "met" if level["ratio"]["median"] >= 0.35 else "not met"
         lines.append(f"| {w} | {level['clients']} | {_m(level['steps_per_s'], 0)} | {_m(level['steps_per_s_wall'], 0)} "
                      f"| {_m(level['pgbench_tps'], 0)} | {_m(level['ratio'], 3)} | {verdict} |")
+    if p.get("baseline"):
+        lines += ["", f"Side by side in the same rounds, the baseline checkout (commit {p['baseline_git']}) on a "
+                      "database of its own, migrated by its own migrations:", "",
+                  "| workers | steps/s (span) | baseline steps/s | this / baseline | PostgreSQL CPU ms/step (baseline) "
+                  "| worker CPU ms/step (baseline) | WAL records/step (baseline) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for w, level in figures["levels"].items():
+            b = level["baseline"]
+            lines.append(f"| {w} | {_m(level['steps_per_s'], 0)} | {_m(b['steps_per_s'], 0)} "
+                         f"| {_m(level['over_baseline'], 3)} | {level['pg_cpu_ms_per_step']['median']:.3f} "
+                         f"({b['pg_cpu_ms_per_step']['median']:.3f}) | {level['worker_cpu_ms_per_step']['median']:.3f} "
+                         f"({b['worker_cpu_ms_per_step']['median']:.3f}) | {level['wal_records_per_step']['median']:.2f} "
+                         f"({b['wal_records_per_step']['median']:.2f}) |")
     lines += ["", "Breakdown per step (durableruns) and per transaction (pgbench):", "",
               "| workers | commits | statements | round trips | worker CPU ms | PostgreSQL backends' CPU ms "
               "| pgbench backends' CPU ms/tx | WAL records | WAL bytes | WAL syncs (pgbench /tx) |",
@@ -467,6 +512,8 @@ def markdown(data: dict[str, Any]) -> str:
         def text(shares: dict[str, float]) -> str:
             return ", ".join(f"{name} {100 * share:.0f}%" for name, share in shares.items())
         lines.append(f"| {w} | {text(level['waits_share'])} | {text(level['pgbench_waits_share'])} |")
+        if "baseline" in level:
+            lines.append(f"| {w}, baseline | {text(level['baseline']['waits_share'])} | |")
     if "memory" in figures:
         mem = figures["memory"]
         rss = ", ".join(f"{mb:.1f}" for mb in mem["rss_mb_after_batch"])
@@ -481,6 +528,12 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _git_at(root: Path) -> str:
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True,
+                          timeout=10)
+    return done.stdout.strip() or "unknown"
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.commit_limit", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2000)
@@ -492,6 +545,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--db", default="dr_bench_commit")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--name", default="commit_limit", help="the results files' name (default commit_limit)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout (e.g. a git worktree of the code before a change) whose workers run "
+                             "the same load on a database of its own in the same rounds: steps/s over the baseline's")
     parser.add_argument("--note", default="")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.rounds < 1 or args.concurrency < 1 or args.pgbench_seconds < 1:
@@ -506,16 +562,21 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     recreate_database(args.db)
     app.configure(args.db)
+    if args.baseline is not None:
+        prepare_baseline(args.db, args.baseline.resolve())
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": reproducing_command("bench.commit_limit", argv), "nproc": os.cpu_count(),
         "loadavg_start": os.getloadavg(), "python": platform.python_version(), "postgresql": server_settings(),
         "git": git_described(), "note": args.note,
         "params": {"runs": args.runs, "workers": list(worker_counts), "concurrency": args.concurrency,
-                   "rounds": args.rounds, "pgbench_seconds": args.pgbench_seconds, "memory_runs": args.memory_runs},
+                   "rounds": args.rounds, "pgbench_seconds": args.pgbench_seconds, "memory_runs": args.memory_runs,
+                   "baseline": str(args.baseline) if args.baseline else None,
+                   "baseline_git": _git_at(args.baseline) if args.baseline else None},
     }
     figures = measure(dbname=args.db, runs=args.runs, worker_counts=worker_counts, concurrency=args.concurrency,
-                      rounds=args.rounds, pgbench_seconds=args.pgbench_seconds, memory_runs=args.memory_runs)
+                      rounds=args.rounds, pgbench_seconds=args.pgbench_seconds, memory_runs=args.memory_runs,
+                      baseline=args.baseline.resolve() if args.baseline is not None else None)
     meta.update(loadavg_end=os.getloadavg(), duration_s=time.perf_counter() - began)
     data = {"meta": meta, "figures": figures}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -204,8 +204,8 @@ class RunCount(models.Model):
     they are few, and counted exactly through their partial indexes. Created and seeded by
     the migration named run_count.
 
-    Each (workflow, status) is split into a few shards (pg_backend_pid() % 8), so two workers finishing runs of
-    one workflow at once rarely wait on one row; a reader sums the shards. A shard's `present` may be negative
+    Each (workflow, status) is split into shards (pg_backend_pid() % 64, migration 0028), so two workers finishing
+    runs of one workflow at once rarely wait on one row; a reader sums the shards. A shard's `present` may be negative
     (a run counted in by one connection and deleted by another); the sum is exact."""
 
     pk = models.CompositePrimaryKey("workflow", "status", "shard")
