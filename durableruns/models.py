@@ -229,6 +229,23 @@ class RunCount(models.Model):
         return f"{self.workflow}/{self.status}#{self.shard}"
 
 
+class RunWaiter(models.Model):
+    """A caller of durableruns.result() waiting for a run to end (PostgreSQL; migration 0028): the trigger
+    run_state_ended notifies durableruns_ended only for a run that has one, since a NOTIFY serializes every
+    notifying commit (PostgreSQL holds one lock across each such commit, WAL flush included). The waiter deletes
+    its row when it stops waiting; one a killed caller left only makes that run's end notify."""
+
+    id = models.BigAutoField(primary_key=True)
+    run_id = models.CharField(max_length=200, db_index=True)
+
+    class Meta:
+        db_table = "run_waiter"
+        verbose_name = "run waiter"
+
+    def __str__(self) -> str:
+        return f"waiting for {self.run_id}"
+
+
 class RunPlan(models.Model):
     """A plan runs started under: its steps (name and policy, in order), recorded once per fingerprint.
 
