@@ -1,6 +1,9 @@
-"""A run's end notifies durableruns_ended only when someone waits for it (issue 34, migration 0028): a NOTIFY
-serializes every notifying commit in PostgreSQL, so the runs nobody waits for end without one. A waiter records
-itself (store.await_end) after its LISTEN and before its first read, and is gone once result() returns."""
+"""What issue 34 changed in the record's writes, on PostgreSQL.
+
+A run's end notifies durableruns_ended only when someone waits for it (migration 0028): a NOTIFY serializes every
+notifying commit in PostgreSQL, so the runs nobody waits for end without one. A waiter records itself
+(store.await_end) after its LISTEN and before its first read, and is gone once result() returns. And a step's
+statement updates the run's row in place (HOT), the lease being the heartbeat's."""
 
 from __future__ import annotations
 
@@ -86,3 +89,38 @@ def test_a_waiter_recorded_while_the_end_is_in_flight_still_sees_the_end():
         ending.commit()
         waiting.join(timeout=10)
     assert recorded and durableruns.boundary(run_id).status == "completed"
+
+
+
+def test_a_steps_result_and_next_intent_update_the_runs_row_in_place():
+    """A step's statement moves the cursor and leaves the lease to the heartbeat: it changes no column any index of
+    run_state names (lease_expires_at is in an index predicate), so PostgreSQL updates the row in place (HOT), with
+    no new index entry. The engine's own statement, sent in a transaction of the test's so that the backend's
+    counters (pg_stat_get_xact_*, exact; they may still hold the claim's, not yet reported) are read just before
+    and just after it."""
+    from django.db import transaction
+
+    from durableruns.registry import effect_key, first_steps
+    from durableruns.store.attempts import _intent_params, _pg_record_result
+    from durableruns.store.base import lease_times
+
+    run_id = durableruns.start("keyed", {"buyer": "b5"})
+    claimed = store.claim(owner="w", lease_seconds=30, first_steps=first_steps())
+    assert claimed is not None and claimed.first_intent is not None
+    lease = claimed.lease
+    nxt = store.Intent(step="keyed_close", attempt=1, effect_key=effect_key(run_id, "keyed_close"), cursor=1)
+    counters = ("SELECT pg_stat_get_xact_tuples_updated('run_state'::regclass), "
+                "pg_stat_get_xact_tuples_hot_updated('run_state'::regclass)")
+    with transaction.atomic():
+        with connection.cursor() as cursor:  # what this backend counted and has not reported yet
+            cursor.execute(counters)
+            updated_before, in_place_before = cursor.fetchone()
+        recorded = _pg_record_result(run=run_id, epoch=lease.epoch, owner=lease.owner,
+                                     times=lease_times(lease, store.DATABASE), cursor=1, step="keyed_open", attempt=1,
+                                     result='{"did": "open"}', resolution="returned", finish=False,
+                                     intent=_intent_params(nxt))
+        with connection.cursor() as cursor:
+            cursor.execute(counters)
+            updated, in_place = cursor.fetchone()
+    assert recorded is True
+    assert (updated - updated_before, in_place - in_place_before) == (1, 1)
