@@ -190,6 +190,11 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
     figures["durableruns_loop_empty_claims_per_run"] = summarize(empty_claims)
     figures["durableruns_loop_first_batch_over_dbos"] = ratio(summarize(first_batch), summaries["dbos"])
     figures["critical_path_s"] = CRITICAL_PATH_S
+    # The ideal schedule: every far call back to back on every thread of every worker, and never less than one
+    # run's own calls one after another.
+    ideal = max(CRITICAL_PATH_S, steps * IO_STEP_SECONDS / (workers * concurrency))
+    figures["ideal_schedule_s"] = ideal
+    figures["durableruns_loop_over_ideal"] = summarize([s / ideal for s in seconds["durableruns_loop"]])
     figures["durableruns_loop_over_dbos"] = ratio(summaries["durableruns_loop"], summaries["dbos"])
     figures["durableruns_over_dbos"] = ratio(summaries["durableruns"], summaries["dbos"])
     figures["durableruns_net_over_dbos"] = ratio(summaries["durableruns_net_of_startup"], summaries["dbos"])

@@ -32,6 +32,12 @@ for _index in range(1, NOOP_STEPS + 1):
 
 STEP_NAMES: tuple[str, ...] = noop9.plan
 
+# The commit-limit load (bench.commit_limit): five no-op steps, as in issue 34's measurement against pgbench.
+NOOP5_STEPS = 5
+noop5 = Workflow("bench_noop5")
+for _index in range(1, NOOP5_STEPS + 1):
+    noop5.step(policy="re_executable")(_noop_step(f"step_{_index}"))
+
 # The same nine no-op steps, each declared wait_for_standby=True: with DURABLERUNS_STANDBY_INTENTS set, every
 # intent commit of theirs waits for the synchronous standby (bench.standby_cost).
 guarded9 = Workflow("bench_guarded9")

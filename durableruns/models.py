@@ -210,8 +210,8 @@ class RunCount(models.Model):
     they are few, and counted exactly through their partial indexes. Created and seeded by
     the migration named run_count.
 
-    Each (workflow, status) is split into a few shards (pg_backend_pid() % 8), so two workers finishing runs of
-    one workflow at once rarely wait on one row; a reader sums the shards. A shard's `present` may be negative
+    Each (workflow, status) is split into shards (pg_backend_pid() % 64, migration 0029), so two workers finishing
+    runs of one workflow at once rarely wait on one row; a reader sums the shards. A shard's `present` may be negative
     (a run counted in by one connection and deleted by another); the sum is exact."""
 
     pk = models.CompositePrimaryKey("workflow", "status", "shard")
@@ -233,6 +233,23 @@ class RunCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow}/{self.status}#{self.shard}"
+
+
+class RunWaiter(models.Model):
+    """A caller of durableruns.result() waiting for a run to end (PostgreSQL; migration 0029): the trigger
+    run_state_ended notifies durableruns_ended only for a run that has one, since a NOTIFY serializes every
+    notifying commit (PostgreSQL holds one lock across each such commit, WAL flush included). The waiter deletes
+    its row when it stops waiting; one a killed caller left only makes that run's end notify."""
+
+    id = models.BigAutoField(primary_key=True)
+    run_id = models.CharField(max_length=200, db_index=True)
+
+    class Meta:
+        db_table = "run_waiter"
+        verbose_name = "run waiter"
+
+    def __str__(self) -> str:
+        return f"waiting for {self.run_id}"
 
 
 class RunPlan(models.Model):

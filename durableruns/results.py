@@ -1,8 +1,9 @@
 """Wait for a run to end and hand back its results by step: what `durableruns.result(run_id)` does.
 
-On PostgreSQL the caller LISTENs on ENDED_CHANNEL before it first reads the record, on a connection of its own;
-the trigger run_state_ended (migration 0017) notifies that channel with the run_id on the commit that ends a run
-(completed, failed or cancelled), whichever path ends it. A run that ends between the LISTEN and the read is
+On PostgreSQL the caller LISTENs on ENDED_CHANNEL before it first reads the record, on a connection of its own, and
+records itself as the run's waiter there (store.await_end); the trigger run_state_ended (migrations 0019, 0029)
+notifies that channel with the run_id on the commit that ends a run someone waits for (completed, failed or
+cancelled), whichever path ends it. A run that ends between the LISTEN and the read is
 seen by the read; one that ends after it is heard. The record is read again every RECHECK_SECONDS even without a
 notification; without a listening connection (none could be made, or it was lost) the caller polls instead.
 Elsewhere (SQLite) the caller polls the record every POLL_SECONDS.
@@ -87,11 +88,17 @@ def _hearing_ends(run_id: str) -> Iterator[Callable[[float], None]]:
 
     from durableruns.connections import plain_params
 
-    conn: psycopg.Connection[Any] | None
+    conn: psycopg.Connection[Any] | None = None
+    waiter: int | None = None
     try:
         conn = psycopg.connect(**plain_params(conf.listen_database()), autocommit=True)
         conn.execute(f"LISTEN {ENDED_CHANNEL}")
+        # Only a run someone waits for notifies at its end (RunWaiter): registered after the LISTEN, before the
+        # first read of the record.
+        waiter = store.await_end(conn, run_id)
     except psycopg.Error:
+        if conn is not None:
+            conn.close()
         conn = None
 
     def pause(seconds: float) -> None:
@@ -111,4 +118,9 @@ def _hearing_ends(run_id: str) -> Iterator[Callable[[float], None]]:
         yield pause
     finally:
         if conn is not None:
+            try:
+                if waiter is not None:
+                    store.forget_waiter(conn, waiter)
+            except psycopg.Error:
+                pass  # left behind, it only makes this run's end notify
             conn.close()

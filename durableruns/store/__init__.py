@@ -15,7 +15,8 @@ public names. One module a concept, each below the ones that use it:
     attributes   write_attributes, write_many: a run's attributes, inside the commit that creates the run or
                  records a step's result (used by children, runs and attempts below; not re-exported)
     children     NewChild, child_exists, start_child; a child's end waking its parent's join (wake_parent)
-    runs         create_run, renew, renew_all, release, begin_ending, end, let_go, reopen_runnable, reopen_runs
+    runs         create_run, renew, renew_all, release, begin_ending, end, let_go, reopen_runnable, reopen_runs,
+                 await_end, forget_waiter (durableruns.result's waiters, whose runs' ends notify)
     debounce     debounce_run: a start with a key that replaces the run of that key not begun, DEBOUNCED
     claims       claim and its statements (the probes, concurrency limits, a fresh run's first intent), and what
                  a thread's last claim read: next_due_from_last_claim, more_due_after_last_claim, NEXT_DUE
@@ -74,9 +75,11 @@ from durableruns.store.plans import forget_plans, plan_of, record_plan
 from durableruns.store.progress import record_progress, reporter
 from durableruns.store.rates import take_turn, turn_of, waiting_turns
 from durableruns.store.runs import (
+    await_end,
     begin_ending,
     create_run,
     end,
+    forget_waiter,
     let_go,
     release,
     renew,
@@ -117,6 +120,7 @@ __all__ = [
     "Lease",
     "NewChild",
     "adopt_plan",
+    "await_end",
     "begin_ending",
     "checkpoint",
     "child_exists",
@@ -129,6 +133,7 @@ __all__ = [
     "let_go",
     "ensure_json",
     "forget_plans",
+    "forget_waiter",
     "give_alert_mark_back",
     "give_run_alert_mark_back",
     "more_due_after_last_claim",

@@ -27,17 +27,21 @@ SELECT run_id, %(i_step)s, %(i_attempt)s, 'started', %(i_key)s, now() + %(shift)
 """
 
 
+# A step's statements move the cursor but leave the lease to the heartbeat (worker.heartbeat renews every lease in
+# hand a third of the way through it): they then change no column that any index of run_state names, keys or
+# predicates alike (lease_expires_at is in run_state_limit_held_idx's), so PostgreSQL updates the row in place
+# (a HOT update: no new entry in any of run_state's indexes, a third of a step's WAL records). The fence is the
+# epoch, as ever; the claim and the run's end still set the lease.
 _RECORD_INTENT = """
 WITH fence AS (
-  UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s,
-         lease_expires_at = now() + %(shift)s + %(lease)s
+  UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s
    WHERE run_id = %(run)s AND epoch = %(epoch)s
   RETURNING run_id)
 """ + _INTENT_ROW
 
 _RESULT_HEAD = """
 WITH fence AS (
-  UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s, {state}
+  UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s{state}
    WHERE run_id = %(run)s AND epoch = %(epoch)s
      AND EXISTS (SELECT 1 FROM run_step
                   WHERE run_id = %(run)s AND step = %(step)s AND attempt = %(attempt)s AND status = 'started')
@@ -49,8 +53,8 @@ done AS (
      AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
 """
-_STILL_RUNNING = "lease_expires_at = now() + %(shift)s + %(lease)s"
-_FINISHED = "status = 'completed', lease_expires_at = NULL, wake_at = NULL, reason = ''"
+_STILL_RUNNING = ""  # the lease is the heartbeat's (above)
+_FINISHED = ", status = 'completed', lease_expires_at = NULL, wake_at = NULL, reason = ''"
 # A run's last result also wakes its parent's join (a child run's: durableruns.children), in the same commit, when
 # its parent waits and no other child of it may still move as this statement sees them; a statement that saw one
 # returns the parent's id, and store.record_result asks once more after the commit (children.wake_parent_after).

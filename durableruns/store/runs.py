@@ -301,3 +301,30 @@ def reopen_runs(run_ids: list[str], *, reason: str, clock: Clock = DATABASE) -> 
         if moved:
             wake_workers()
         return moved
+
+
+
+# durableruns.result()'s waiters (RunWaiter, migration 0029). Sent on the caller's own listening connection (a
+# psycopg connection in autocommit, PostgreSQL only), never on Django's: a caller inside a transaction of its own
+# must not hold the run's row locked, nor keep its waiter uncommitted, while it waits.
+_AWAIT_END = ("INSERT INTO run_waiter (run_id) VALUES (%(run)s) RETURNING id",
+              "SELECT 1 FROM run_state WHERE run_id = %(run)s FOR SHARE")
+
+
+def await_end(conn: Any, run_id: str) -> int:
+    """Record on `conn` (the caller's listening connection, autocommit) that a caller waits for `run_id` to end, so
+    that the commit ending it notifies durableruns_ended; return the waiter's id, for forget_waiter. Call it after
+    the LISTEN and before the first read of the record.
+
+    The run's row is locked FOR SHARE in the same transaction: a commit ending the run either came first (this
+    waits for it, and the caller's read sees the run ended) or comes after this one, when its trigger, a statement
+    of its own with a snapshot of its own, sees the waiter and notifies. No end falls between the two."""
+    with conn.transaction():
+        (waiter,) = conn.execute(_AWAIT_END[0], {"run": run_id}).fetchone()
+        conn.execute(_AWAIT_END[1], {"run": run_id})
+    return int(waiter)
+
+
+def forget_waiter(conn: Any, waiter: int) -> None:
+    """The caller stopped waiting: its run's end need not notify any more (for it)."""
+    conn.execute("DELETE FROM run_waiter WHERE id = %(id)s", {"id": waiter})

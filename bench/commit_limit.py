@@ -1,0 +1,592 @@
+"""How close durableruns comes to the commit limit: steps/s of no-op runs against pgbench's single-row UPDATEs.
+
+    python -m bench.commit_limit [--runs 2000] [--workers 1,2,4] [--concurrency 8] [--rounds 3] [--pgbench-seconds 10]
+                                 [--memory-runs 1000] [--db dr_bench_commit] [--out bench/results]
+
+The load (issue 34): ``runs`` pending runs of bench.workflows.noop5 (5 no-op re_executable steps), worked by W
+`manage.py resume_runs --once --concurrency C` processes started at once, for each W. Its bar: `pgbench -n -M
+prepared -c N -j 2 -T S` on the same server, a custom script of one single-row UPDATE (each client its own
+row, so no client waits on another's row lock), at the same number of clients N = W x C. Rounds alternate: each
+round runs every worker count and every pgbench client count, in an order rotated round by round, so both sides
+of each ratio see the same machine.
+
+Figures per level (medians over rounds, p10-p90):
+- steps/s over the working span on the database's clock (first step started to last step finished; process
+  start-up is outside it, as pgbench's connection time is outside its tps), and over the processes' wall time;
+- the ratio steps/s / pgbench tps at the same clients, round by round;
+- commits per step: pg_stat_database.xact_commit of the bench database, before and after (the sampler and this
+  runner read from another database, so they add nothing);
+- statements and round trips per step: a separate, untimed pass per level runs the same load with
+  bench.counted_worker (psycopg's sending methods wrapped and counted in the worker);
+- CPU per step: the worker processes' own (user + system, os.wait4) and PostgreSQL's backends serving them (utime
+  + stime of /proc/<pid>/stat of every backend whose application_name is the workers', sampled every 50 ms while
+  they live; the last sample of each counts), against pgbench's backends' CPU per transaction read the same way;
+- WAL: pg_stat_wal's records, bytes, writes and syncs per step (the whole server's: other jobs' too), and the
+  wait events of the active backends (sampled every 20 ms from pg_stat_activity): IO:WALSync, LWLock:WALWrite, ...
+
+Memory: one `resume_runs --loop --concurrency 32` process is fed ``memory-runs`` runs in 10 batches; its resident
+memory (VmRSS) is read after each batch has completed. Flat: the last batch's RSS over the first's.
+
+The benchmark owns its database (dr_bench_commit by default) and its table bench_pgbench_row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import app
+from bench.pg import HOST, PORT, USER, conninfo, recreate_database, server_settings
+from bench.report import git_described, reproducing_command
+from bench.stats import summarize
+
+APP_NAME = "bench-commit-worker"
+PGBENCH_APP = "bench-commit-pgbench"
+SAMPLE_EVERY_S = 0.02
+CPU_EVERY_S = 0.05
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+PGBENCH_SCRIPT = "UPDATE bench_pgbench_row SET n = n + 1 WHERE id = :client_id;\n"
+WAL_EVENTS = ("IO:WALSync", "LWLock:WALWrite", "IO:WALWrite")
+
+
+# -- sampling the server ---------------------------------------------------------------------------------------
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of process `pid` in seconds, or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime: fields 14 and 15 of stat
+
+
+@dataclass
+class Sampled:
+    """What the samplers saw of one application's backends while a load ran."""
+
+    samples: int = 0
+    active: int = 0
+    waits: Counter[str] = field(default_factory=Counter)
+    backend_cpu: dict[int, float] = field(default_factory=dict)  # pid -> last CPU seconds read
+    max_backends: int = 0
+
+    def cpu_s(self) -> float:
+        return sum(self.backend_cpu.values())
+
+
+@contextmanager
+def sampling(dbname: str, application: str) -> Iterator[Sampled]:
+    """Sample the backends of `application` on `dbname` until the block ends: their wait events (every 20 ms)
+    and their CPU (every 50 ms). The sampler's own connection is to the `postgres` database."""
+    seen = Sampled()
+    done = threading.Event()
+
+    def run() -> None:
+        with psycopg.connect(conninfo("postgres"), autocommit=True) as conn:
+            last_cpu = 0.0
+            while not done.is_set():
+                rows = conn.execute(
+                    "SELECT pid, state, wait_event_type, wait_event FROM pg_stat_activity "
+                    "WHERE datname = %s AND application_name = %s", (dbname, application)).fetchall()
+                seen.samples += 1
+                seen.max_backends = max(seen.max_backends, len(rows))
+                now = time.monotonic()
+                read_cpu = now - last_cpu >= CPU_EVERY_S
+                for pid, state, wait_type, wait_event in rows:
+                    if state == "active":
+                        seen.active += 1
+                        seen.waits[f"{wait_type}:{wait_event}" if wait_type else "CPU (no wait event)"] += 1
+                    if read_cpu:
+                        cpu = proc_cpu_s(pid)
+                        if cpu is not None:
+                            seen.backend_cpu[pid] = cpu
+                if read_cpu:
+                    last_cpu = now
+                done.wait(SAMPLE_EVERY_S)
+
+    thread = threading.Thread(target=run, name="bench-commit-sampler", daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        thread.join(timeout=10)
+
+
+def server_counters(dbname: str) -> dict[str, float]:
+    """The counters read before and after a load: the database's commits and the server's WAL."""
+    with psycopg.connect(conninfo("postgres"), autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        [(commits,)] = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s",
+                                    (dbname,)).fetchall()
+        [(records, fpi, wal_bytes, writes, syncs)] = conn.execute(
+            "SELECT wal_records, wal_fpi, wal_bytes, wal_write, wal_sync FROM pg_stat_wal").fetchall()
+    return {"commits": float(commits), "wal_records": float(records), "wal_fpi": float(fpi),
+            "wal_bytes": float(wal_bytes), "wal_writes": float(writes), "wal_syncs": float(syncs)}
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in after}
+
+
+# -- the durableruns side ------------------------------------------------------------------------------------
+
+
+def create_pending(dbname: str, runs: int) -> None:
+    """Empty the tables and record `runs` pending noop5 runs in one statement (the rows start_run writes)."""
+    from bench.workflows import noop5
+    from durableruns.registry import get_workflow
+
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+        conn.execute("DELETE FROM run_step")
+        conn.execute("DELETE FROM run_state")
+        conn.execute(
+            "INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, reason, input, "
+            "created_at, updated_at) SELECT 'commit-' || lpad(g::text, 7, '0'), %(workflow)s, %(fingerprint)s, "
+            "'pending', 0, '', 0, '', '{}'::jsonb, now() + g * interval '1 microsecond', now() "
+            "FROM generate_series(1, %(runs)s) AS g",
+            {"workflow": noop5.name, "fingerprint": get_workflow(noop5.name).fingerprint, "runs": runs})
+        conn.execute("VACUUM ANALYZE run_state")
+        conn.execute("VACUUM ANALYZE run_step")
+
+
+def checked_span(dbname: str, runs: int) -> float:
+    """Raise unless every run completed with each step run once; the working span on the database's clock."""
+    from bench.workflows import NOOP5_STEPS
+
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+        [(span, attempts, completed, done)] = conn.execute(
+            "SELECT extract(epoch FROM max(finished_at) - min(started_at)), count(*), "
+            "count(*) FILTER (WHERE status = 'completed'), "
+            "(SELECT count(*) FROM run_state WHERE status = 'completed') FROM run_step").fetchall()
+    steps = runs * NOOP5_STEPS
+    if done != runs or attempts != steps or completed != steps:
+        raise RuntimeError(f"{done}/{runs} runs completed, {completed}/{attempts} attempts completed, "
+                           f"expected {steps}")
+    return float(span)
+
+
+def run_workers(dbname: str, workers: int, concurrency: int, *, counted: Path | None = None,
+                root: Path = app.ROOT, timeout: float = 900.0) -> dict[str, float]:
+    """Start `workers` resume_runs --once processes at once; wall seconds until the last exited and their summed
+    CPU (os.wait4). With `counted`, each runs under bench.counted_worker and writes its counts there."""
+    env = dict(os.environ, **app.site_env(dbname), PYTHONUNBUFFERED="1", PGAPPNAME=APP_NAME)
+    args = ("--once", "--concurrency", str(concurrency), "--lease", "30")
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="bench-commit-") as tmp:
+        began = time.perf_counter()
+        for n in range(workers):
+            command = app.worker_command(*args)
+            extra = {}
+            if counted is not None:
+                command = [sys.executable, "-m", "bench.counted_worker", *command[2:]]
+                extra = {"BENCH_COUNTS_FILE": str(counted / f"worker-{n}.json")}
+            err = open(Path(tmp) / f"worker-{n}.err", "w+")
+            procs.append((subprocess.Popen(command, cwd=root, env={**env, **extra}, stdout=subprocess.DEVNULL,
+                                           stderr=err), err))
+        cpu = 0.0
+        failures = []
+        deadline = began + timeout
+        for proc, err in procs:
+            watchdog = threading.Timer(max(1.0, deadline - time.perf_counter()), proc.kill)
+            watchdog.start()
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            finally:
+                watchdog.cancel()
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            cpu += usage.ru_utime + usage.ru_stime
+            if proc.returncode != 0:
+                err.seek(0)
+                failures.append(f"exit {proc.returncode}: {err.read()[-2000:]}")
+            err.close()
+        wall = time.perf_counter() - began
+    if failures:
+        raise RuntimeError("resume_runs failed:\n" + "\n".join(failures))
+    return {"wall_s": wall, "worker_cpu_s": cpu}
+
+
+def durableruns_round(dbname: str, *, runs: int, workers: int, concurrency: int,
+                      root: Path = app.ROOT) -> dict[str, Any]:
+    from bench.workflows import NOOP5_STEPS
+
+    create_pending(dbname, runs)
+    before = server_counters(dbname)
+    with sampling(dbname, APP_NAME) as seen:
+        worker = run_workers(dbname, workers, concurrency, root=root)
+    after = server_counters(dbname)
+    span = checked_span(dbname, runs)
+    steps = runs * NOOP5_STEPS
+    counters = delta(after, before)
+    return {
+        "span_s": span, "wall_s": worker["wall_s"], "steps_per_s": steps / span,
+        "steps_per_s_wall": steps / worker["wall_s"],
+        "worker_cpu_ms_per_step": 1e3 * worker["worker_cpu_s"] / steps,
+        "pg_cpu_ms_per_step": 1e3 * seen.cpu_s() / steps,
+        "commits_per_step": counters["commits"] / steps,
+        **{f"{name}_per_step": counters[name] / steps for name in ("wal_records", "wal_fpi", "wal_bytes",
+                                                                   "wal_writes", "wal_syncs")},
+        "active_backends": seen.active / max(1, seen.samples),
+        "waits": dict(seen.waits), "active_samples": seen.active,
+    }
+
+
+def counted_pass(dbname: str, *, runs: int, workers: int, concurrency: int,
+                 root: Path = app.ROOT) -> dict[str, float]:
+    """The same load under bench.counted_worker (untimed): statements and round trips per step."""
+    from bench.workflows import NOOP5_STEPS
+
+    create_pending(dbname, runs)
+    with tempfile.TemporaryDirectory(prefix="bench-commit-counts-") as tmp:
+        run_workers(dbname, workers, concurrency, counted=Path(tmp), root=root)
+        totals: Counter[str] = Counter()
+        for path in Path(tmp).glob("worker-*.json"):
+            totals.update(json.loads(path.read_text()))
+    checked_span(dbname, runs)
+    steps = runs * NOOP5_STEPS
+    return {f"{name}_per_step": totals[name] / steps for name in ("statements", "round_trips", "pipelines",
+                                                                   "commits")}
+
+
+# -- the pgbench side ------------------------------------------------------------------------------------------
+
+
+def pgbench_path() -> str:
+    found = shutil.which("pgbench")
+    if found is None:
+        raise RuntimeError("pgbench is not installed: bin/setup --bench installs it")
+    return found
+
+
+def prepare_pgbench(dbname: str, clients: int) -> None:
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_pgbench_row (id int PRIMARY KEY, n bigint NOT NULL)")
+        conn.execute("INSERT INTO bench_pgbench_row (id, n) SELECT g, 0 FROM generate_series(0, %s) AS g "
+                     "ON CONFLICT (id) DO NOTHING", (clients,))
+
+
+def pgbench_round(dbname: str, *, clients: int, seconds: int) -> dict[str, Any]:
+    """One pgbench run of `seconds` at `clients` clients: its tps (without the initial connection time), and
+    its backends' CPU per transaction, read as the workers' are."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
+        script.write(PGBENCH_SCRIPT)
+        script.flush()
+        env = dict(os.environ, PGAPPNAME=PGBENCH_APP)
+        command = [pgbench_path(), "-n", "-M", "prepared", "-c", str(clients), "-j", "2", "-T", str(seconds),
+                   "-f", script.name, "-h", HOST, "-p", str(PORT), "-U", USER, dbname]
+        before = server_counters(dbname)
+        with sampling(dbname, PGBENCH_APP) as seen:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=seconds + 120)
+        after = server_counters(dbname)
+    if done.returncode != 0:
+        raise RuntimeError(f"pgbench exited {done.returncode}: {done.stderr[-2000:]}")
+    tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", done.stdout)
+    processed = re.search(r"number of transactions actually processed: (\d+)", done.stdout)
+    if tps is None or processed is None:
+        raise RuntimeError(f"pgbench's output has no tps: {done.stdout[-2000:]}")
+    transactions = int(processed.group(1))
+    counters = delta(after, before)
+    return {"tps": float(tps.group(1)), "transactions": transactions,
+            "pg_cpu_ms_per_tx": 1e3 * seen.cpu_s() / max(1, transactions),
+            "wal_syncs_per_tx": counters["wal_syncs"] / max(1, transactions),
+            "waits": dict(seen.waits), "active_samples": seen.active}
+
+
+# -- memory ----------------------------------------------------------------------------------------------------
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def memory(dbname: str, *, runs: int, concurrency: int = 32, batches: int = 10) -> dict[str, Any]:
+    """One --loop worker of `concurrency` threads fed `runs` runs in `batches`; its RSS after each batch."""
+    from bench.workflows import NOOP5_STEPS, noop5
+    from durableruns.registry import get_workflow
+
+    create_pending(dbname, 0)
+    per_batch = max(1, runs // batches)
+    worker = app.LoopWorker(dbname, "--loop", "--concurrency", str(concurrency), "--lease", "30",
+                            env_extra={"PGAPPNAME": APP_NAME})
+    rss: list[int] = []
+    try:
+        worker.first_line()
+        with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+            for batch in range(batches):
+                conn.execute(
+                    "INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, reason, "
+                    "input, created_at, updated_at) SELECT 'memory-' || %(batch)s || '-' || lpad(g::text, 6, '0'), "
+                    "%(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, '', '{}'::jsonb, "
+                    "now() + g * interval '1 microsecond', now() FROM generate_series(1, %(runs)s) AS g",
+                    {"batch": batch, "workflow": noop5.name, "fingerprint": get_workflow(noop5.name).fingerprint,
+                     "runs": per_batch})
+                conn.execute("SELECT pg_notify('durableruns_due', '')")
+                expected = per_batch * (batch + 1)
+                deadline = time.monotonic() + 300
+                while True:
+                    [(done,)] = conn.execute("SELECT count(*) FROM run_state WHERE status = 'completed'").fetchall()
+                    if done >= expected:
+                        break
+                    if time.monotonic() > deadline or worker.proc.poll() is not None:
+                        raise RuntimeError(f"the --loop worker completed {done} of {expected} runs")
+                    time.sleep(0.05)
+                rss.append(rss_kb(worker.proc.pid))
+    finally:
+        worker.stop(check=False)
+    return {"runs": per_batch * batches, "batches": batches, "concurrency": concurrency,
+            "steps": per_batch * batches * NOOP5_STEPS, "rss_mb_after_batch": [kb / 1024 for kb in rss],
+            "last_over_first": rss[-1] / rss[0], "last_over_second": rss[-1] / rss[min(1, len(rss) - 1)]}
+
+
+def baseline_db(dbname: str) -> str:
+    return f"{dbname}_base"
+
+
+def prepare_baseline(dbname: str, root: Path) -> None:
+    """The baseline checkout's own database, made anew and migrated by that checkout's own migrations."""
+    recreate_database(baseline_db(dbname))
+    env = dict(os.environ, **app.site_env(baseline_db(dbname)))
+    done = subprocess.run([sys.executable, "manage.py", "migrate", "--skip-checks", "-v0"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"migrating the baseline's database failed: {done.stderr[-2000:]}")
+
+
+# -- the whole measurement -------------------------------------------------------------------------------------
+
+
+def rotated(items: list[Any], round_no: int) -> list[Any]:
+    shift = round_no % len(items)
+    order = items[shift:] + items[:shift]
+    return order if round_no % 2 == 0 else list(reversed(order))
+
+
+def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurrency: int, rounds: int,
+            pgbench_seconds: int, memory_runs: int, baseline: Path | None = None) -> dict[str, Any]:
+    clients = sorted({w * concurrency for w in worker_counts})
+    prepare_pgbench(dbname, max(clients))
+    jobs: list[tuple[str, int]] = [("durableruns", w) for w in worker_counts] + [("pgbench", c) for c in clients]
+    if baseline is not None:
+        jobs += [("baseline", w) for w in worker_counts]
+    ours: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
+    base: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
+    theirs: dict[int, list[dict[str, Any]]] = {c: [] for c in clients}
+    ratios: dict[int, list[float]] = {w: [] for w in worker_counts}
+    base_ratios: dict[int, list[float]] = {w: [] for w in worker_counts}
+    for round_no in range(rounds):
+        this_round: dict[tuple[str, int], dict[str, Any]] = {}
+        for kind, n in rotated(jobs, round_no):
+            if kind == "durableruns":
+                this_round[kind, n] = durableruns_round(dbname, runs=runs, workers=n, concurrency=concurrency)
+                ours[n].append(this_round[kind, n])
+            elif kind == "baseline":
+                assert baseline is not None
+                this_round[kind, n] = durableruns_round(baseline_db(dbname), runs=runs, workers=n,
+                                                        concurrency=concurrency, root=baseline)
+                base[n].append(this_round[kind, n])
+            else:
+                this_round[kind, n] = pgbench_round(dbname, clients=n, seconds=pgbench_seconds)
+                theirs[n].append(this_round[kind, n])
+            print(f"bench.commit_limit: round {round_no + 1}: {kind} {n}: "
+                  f"{json.dumps({k: round(v, 4) for k, v in this_round[kind, n].items() if isinstance(v, float)})}",
+                  file=sys.stderr, flush=True)
+        for w in worker_counts:
+            ratios[w].append(this_round["durableruns", w]["steps_per_s"]
+                             / this_round["pgbench", w * concurrency]["tps"])
+            if baseline is not None:
+                base_ratios[w].append(this_round["durableruns", w]["steps_per_s"]
+                                      / this_round["baseline", w]["steps_per_s"])
+    counts = {w: counted_pass(dbname, runs=runs, workers=w, concurrency=concurrency) for w in worker_counts}
+    levels: dict[str, Any] = {}
+    numeric = ("span_s", "wall_s", "steps_per_s", "steps_per_s_wall", "worker_cpu_ms_per_step", "pg_cpu_ms_per_step",
+               "commits_per_step", "wal_records_per_step", "wal_fpi_per_step", "wal_bytes_per_step",
+               "wal_writes_per_step", "wal_syncs_per_step", "active_backends")
+    for w in worker_counts:
+        rows, bench_rows = ours[w], theirs[w * concurrency]
+        level: dict[str, Any] = {name: summarize([row[name] for row in rows]) for name in numeric}
+        level["clients"] = w * concurrency
+        level["pgbench_tps"] = summarize([row["tps"] for row in bench_rows])
+        level["pgbench_pg_cpu_ms_per_tx"] = summarize([row["pg_cpu_ms_per_tx"] for row in bench_rows])
+        level["pgbench_wal_syncs_per_tx"] = summarize([row["wal_syncs_per_tx"] for row in bench_rows])
+        level["ratio"] = summarize(ratios[w])
+        level["counted"] = counts[w]
+        level["waits_share"] = _shares(rows)
+        if baseline is not None:
+            level["baseline"] = {name: summarize([row[name] for row in base[w]]) for name in numeric}
+            level["baseline"]["waits_share"] = _shares(base[w])
+            level["over_baseline"] = summarize(base_ratios[w])
+        level["pgbench_waits_share"] = _shares(bench_rows)
+        levels[str(w)] = level
+    figures: dict[str, Any] = {"levels": levels}
+    if memory_runs:
+        figures["memory"] = memory(dbname, runs=memory_runs)
+    return figures
+
+
+def _shares(rows: list[dict[str, Any]]) -> dict[str, float]:
+    waits: Counter[str] = Counter()
+    for row in rows:
+        waits.update(row["waits"])
+    active = sum(row["active_samples"] for row in rows)
+    return {name: n / max(1, active) for name, n in waits.most_common(6)}
+
+
+# -- the results file ------------------------------------------------------------------------------------------
+
+
+def _m(summary: dict[str, float], digits: int = 2) -> str:
+    return f"{summary['median']:,.{digits}f} ({summary['p10']:,.{digits}f}-{summary['p90']:,.{digits}f})"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    meta, figures = data["meta"], data["figures"]
+    p = meta["params"]
+    lines = ["# durableruns against the commit limit (issue 34)", "",
+             f"Measured {meta['date']} on {meta['nproc']} cores (load average {meta['loadavg_start'][0]:.2f} at the "
+             f"start, {meta['loadavg_end'][0]:.2f} at the end), PostgreSQL {meta['postgresql']['server_version']} "
+             f"(fsync={meta['postgresql']['fsync']}, synchronous_commit={meta['postgresql']['synchronous_commit']}), "
+             f"Python {meta['python']}, commit {meta['git']}; took {meta['duration_s']:.0f} s.", "",
+             f"Reproduce: `{meta['command']}`", "",
+             f"Load: {p['runs']:,} pending runs x 5 no-op re_executable steps, W `resume_runs --once --concurrency "
+             f"{p['concurrency']} --lease 30` processes; bar: `pgbench -n -M prepared -c N -j 2 -T "
+             f"{p['pgbench_seconds']}` of one single-row UPDATE (each client its own row) at N = W x "
+             f"{p['concurrency']} clients; {p['rounds']} rounds, the order rotated round by round. Medians (p10-p90).",
+             "",
+             "| workers | clients | steps/s (span) | steps/s (wall) | pgbench tps | steps/s / tps | target >= 0.35 |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for w, level in figures["levels"].items():
+        verdict = "met" if level["ratio"]["median"] >= 0.35 else "not met"
+        lines.append(f"| {w} | {level['clients']} | {_m(level['steps_per_s'], 0)} | {_m(level['steps_per_s_wall'], 0)} "
+                     f"| {_m(level['pgbench_tps'], 0)} | {_m(level['ratio'], 3)} | {verdict} |")
+    if p.get("baseline"):
+        lines += ["", f"Side by side in the same rounds, the baseline checkout (commit {p['baseline_git']}) on a "
+                      "database of its own, migrated by its own migrations:", "",
+                  "| workers | steps/s (span) | baseline steps/s | this / baseline | PostgreSQL CPU ms/step (baseline) "
+                  "| worker CPU ms/step (baseline) | WAL records/step (baseline) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for w, level in figures["levels"].items():
+            b = level["baseline"]
+            lines.append(f"| {w} | {_m(level['steps_per_s'], 0)} | {_m(b['steps_per_s'], 0)} "
+                         f"| {_m(level['over_baseline'], 3)} | {level['pg_cpu_ms_per_step']['median']:.3f} "
+                         f"({b['pg_cpu_ms_per_step']['median']:.3f}) | {level['worker_cpu_ms_per_step']['median']:.3f} "
+                         f"({b['worker_cpu_ms_per_step']['median']:.3f}) | {level['wal_records_per_step']['median']:.2f} "
+                         f"({b['wal_records_per_step']['median']:.2f}) |")
+    lines += ["", "Breakdown per step (durableruns) and per transaction (pgbench):", "",
+              "| workers | commits | statements | round trips | worker CPU ms | PostgreSQL backends' CPU ms "
+              "| pgbench backends' CPU ms/tx | WAL records | WAL bytes | WAL syncs (pgbench /tx) |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for w, level in figures["levels"].items():
+        c = level["counted"]
+        lines.append(
+            f"| {w} | {level['commits_per_step']['median']:.3f} | {c['statements_per_step']:.2f} "
+            f"| {c['round_trips_per_step']:.2f} | {_m(level['worker_cpu_ms_per_step'], 3)} "
+            f"| {_m(level['pg_cpu_ms_per_step'], 3)} | {_m(level['pgbench_pg_cpu_ms_per_tx'], 3)} "
+            f"| {level['wal_records_per_step']['median']:.2f} | {level['wal_bytes_per_step']['median']:,.0f} "
+            f"| {level['wal_syncs_per_step']['median']:.3f} ({level['pgbench_wal_syncs_per_tx']['median']:.3f}) |")
+    lines += ["", "What the active backends waited on (share of samples, every 20 ms):", "",
+              "| workers | durableruns' backends | pgbench's backends |", "|---:|---|---|"]
+    for w, level in figures["levels"].items():
+        def text(shares: dict[str, float]) -> str:
+            return ", ".join(f"{name} {100 * share:.0f}%" for name, share in shares.items())
+        lines.append(f"| {w} | {text(level['waits_share'])} | {text(level['pgbench_waits_share'])} |")
+        if "baseline" in level:
+            lines.append(f"| {w}, baseline | {text(level['baseline']['waits_share'])} | |")
+    if "memory" in figures:
+        mem = figures["memory"]
+        rss = ", ".join(f"{mb:.1f}" for mb in mem["rss_mb_after_batch"])
+        lines += ["", f"Memory: one `resume_runs --loop --concurrency {mem['concurrency']}` process fed {mem['runs']:,} "
+                      f"runs in {mem['batches']} batches; VmRSS after each batch (MB): {rss}. Last / first "
+                      f"{mem['last_over_first']:.3f}, last / second {mem['last_over_second']:.3f}."]
+    lines += ["", "How each figure is taken: see the module's docstring (bench/commit_limit.py). The WAL counters "
+                  "and the wait events are the whole server's (another job's load shows there too); the "
+                  "backends' CPU misses at most the last 50 ms of each backend's life.", ""]
+    if meta.get("note"):
+        lines += [meta["note"], ""]
+    return "\n".join(lines)
+
+
+def _git_at(root: Path) -> str:
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True,
+                          timeout=10)
+    return done.stdout.strip() or "unknown"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.commit_limit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--workers", default="1,2,4", help="worker process counts, comma-separated")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pgbench-seconds", type=int, default=10)
+    parser.add_argument("--memory-runs", type=int, default=1000, help="0: no memory figure")
+    parser.add_argument("--db", default="dr_bench_commit")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--name", default="commit_limit", help="the results files' name (default commit_limit)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout (e.g. a git worktree of the code before a change) whose workers run "
+                             "the same load on a database of its own in the same rounds: steps/s over the baseline's")
+    parser.add_argument("--note", default="")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.rounds < 1 or args.concurrency < 1 or args.pgbench_seconds < 1:
+        parser.error("--runs, --rounds, --concurrency and --pgbench-seconds must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    worker_counts = tuple(int(w) for w in args.workers.split(",") if w)
+    began = time.perf_counter()
+    recreate_database(args.db)
+    app.configure(args.db)
+    if args.baseline is not None:
+        prepare_baseline(args.db, args.baseline.resolve())
+    meta: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": reproducing_command("bench.commit_limit", argv), "nproc": os.cpu_count(),
+        "loadavg_start": os.getloadavg(), "python": platform.python_version(), "postgresql": server_settings(),
+        "git": git_described(), "note": args.note,
+        "params": {"runs": args.runs, "workers": list(worker_counts), "concurrency": args.concurrency,
+                   "rounds": args.rounds, "pgbench_seconds": args.pgbench_seconds, "memory_runs": args.memory_runs,
+                   "baseline": str(args.baseline) if args.baseline else None,
+                   "baseline_git": _git_at(args.baseline) if args.baseline else None},
+    }
+    figures = measure(dbname=args.db, runs=args.runs, worker_counts=worker_counts, concurrency=args.concurrency,
+                      rounds=args.rounds, pgbench_seconds=args.pgbench_seconds, memory_runs=args.memory_runs,
+                      baseline=args.baseline.resolve() if args.baseline is not None else None)
+    meta.update(loadavg_end=os.getloadavg(), duration_s=time.perf_counter() - began)
+    data = {"meta": meta, "figures": figures}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(data))
+    for w, level in figures["levels"].items():
+        print(f"{w} worker(s): {level['steps_per_s']['median']:.0f} steps/s, pgbench {level['pgbench_tps']['median']:.0f}"
+              f" tps at {level['clients']} clients: {level['ratio']['median']:.3f}")
+    print(f"wrote {args.out / (args.name + '.md')} and .json")
+
+
+if __name__ == "__main__":
+    main()

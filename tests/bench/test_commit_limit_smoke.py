@@ -1,0 +1,44 @@
+"""bench.commit_limit runs end to end at a tiny size: every level measured against pgbench, the breakdown counted,
+the memory figure sampled; no timing is asserted (the targets are for the published size)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.pg import recreate_database
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.postgres
+
+DB = "dr_bench_smoke_commit"
+
+
+def test_the_commit_limit_bench_measures_each_level_against_pgbench(tmp_path):
+    recreate_database(DB)
+    command = [sys.executable, "-m", "bench.commit_limit", "--runs", "40", "--workers", "1,2", "--concurrency", "2",
+               "--rounds", "1", "--pgbench-seconds", "1", "--memory-runs", "40", "--db", DB, "--out", str(tmp_path)]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    data = json.loads((tmp_path / "commit_limit.json").read_text())
+    levels = data["figures"]["levels"]
+    assert set(levels) == {"1", "2"}
+    for workers, level in levels.items():
+        assert level["clients"] == 2 * int(workers)
+        assert level["steps_per_s"]["median"] > 0 and level["pgbench_tps"]["median"] > 0
+        ratio = level["steps_per_s"]["median"] / level["pgbench_tps"]["median"]
+        assert level["ratio"]["median"] == pytest.approx(ratio)
+        # Each run commits at least its claim and its last result: 2 commits for 5 steps at the very least.
+        assert level["commits_per_step"]["median"] >= 0.4
+        counted = level["counted"]
+        assert counted["statements_per_step"] >= counted["round_trips_per_step"] > 0
+        assert level["worker_cpu_ms_per_step"]["median"] > 0 and level["pg_cpu_ms_per_step"]["median"] > 0
+        assert level["wal_records_per_step"]["median"] > 0
+    memory = data["figures"]["memory"]
+    assert len(memory["rss_mb_after_batch"]) == memory["batches"] == 10
+    assert all(mb > 0 for mb in memory["rss_mb_after_batch"])
+    text = (tmp_path / "commit_limit.md").read_text()
+    assert "python -m bench.commit_limit" in text and "| 1 | 2 |" in text
