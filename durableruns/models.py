@@ -11,13 +11,7 @@ from django.db.models import Q
 from durableruns.boundary import StepAttempt
 from durableruns.limits import PARKED
 from durableruns.plans import Plan
-from durableruns.querysets import (
-    EscalationQuerySet,
-    InboxItemQuerySet,
-    RunPlanQuerySet,
-    RunStateQuerySet,
-    RunStepQuerySet,
-)
+from durableruns.querysets import EscalationQuerySet, RunPlanQuerySet, RunStateQuerySet, RunStepQuerySet
 
 
 class RunStatus(models.TextChoices):
@@ -565,52 +559,12 @@ class RateTurn(models.Model):
         return f"{self.step}[{self.key}]@{self.at:%H:%M:%S.%f}"
 
 
-class InboxItem(models.Model):
-    """An approval or an escalation as work for people (durableruns.inbox): its group (asked once, as it opens;
-    empty: everyone with the permission), when it is due and moves to `escalate_to`, who holds it. Opened by the
-    store in the commit that begins the approval's wait or opens the escalation; closed by the decision's."""
-
-    class Kind(models.TextChoices):
-        APPROVAL = "approval", "approval"
-        ESCALATION = "escalation", "escalation"
-
-    run = models.ForeignKey(RunState, on_delete=models.CASCADE, related_name="inbox_items")
-    step = models.CharField(max_length=200)
-    attempt = models.PositiveIntegerField()
-    kind = models.CharField(max_length=10, choices=Kind.choices)
-    escalation = models.OneToOneField(Escalation, null=True, blank=True, on_delete=models.CASCADE,
-                                      related_name="inbox_item")
-    group = models.CharField(max_length=150, blank=True, default="")
-    escalate_to = models.CharField(max_length=150, blank=True, default="")
-    opened_at = models.DateTimeField()
-    due_at = models.DateTimeField(null=True, blank=True)
-    escalate_at = models.DateTimeField(null=True, blank=True)
-    claimed_by = models.CharField(max_length=200, blank=True, default="")
-    claimed_by_user_id = models.IntegerField(null=True, blank=True)
-    claimed_at = models.DateTimeField(null=True, blank=True)
-    reminded_at = models.DateTimeField(null=True, blank=True)
-    moved_at = models.DateTimeField(null=True, blank=True)
-    closed_at = models.DateTimeField(null=True, blank=True)
-
-    objects = InboxItemQuerySet.as_manager()
-
-    class Meta:
-        db_table = "run_inbox_item"
-        ordering = ["due_at", "opened_at", "id"]
-        constraints = [models.UniqueConstraint(fields=["run", "step", "attempt"], name="run_inbox_item_once")]
-        indexes = [models.Index(fields=["due_at"], name="run_inbox_item_due_idx", condition=Q(closed_at__isnull=True))]
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.run_id}/{self.step}#{self.attempt}"
-
-
-class Inbox(InboxItem):  # the admin's /admin/durableruns/inbox/: the open items for the person signed in
-    class Meta:
-        proxy = True
-        verbose_name = verbose_name_plural = "inbox"
-
-
 class ApprovalQueue(RunState):  # the approval queue's entry in the admin's sidebar and app index
     class Meta:
         proxy = True
         verbose_name = verbose_name_plural = "approval queue"
+
+
+# The inbox's items live in a module of their own; imported here, they are models of the app.
+from durableruns.inbox_models import Inbox as Inbox  # noqa: E402
+from durableruns.inbox_models import InboxItem as InboxItem  # noqa: E402
