@@ -418,6 +418,7 @@ class Intervention(models.Model):
     decided_at = models.DateTimeField()
     note = models.TextField()
     result = models.JSONField(null=True, blank=True)
+    bulk_id = models.CharField(max_length=40, null=True, blank=True, help_text="The bulk act that made it, if one did.")
 
     class Meta:
         db_table = "run_intervention"
@@ -536,3 +537,7 @@ class RateTurn(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step}[{self.key}]@{self.at:%H:%M:%S.%f}"
+
+
+# A bulk act and its items live in a module of their own; imported here, they are models of the app.
+from durableruns.bulk_models import Bulk, BulkItem, BulkItemState  # noqa: E402,F401
