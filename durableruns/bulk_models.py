@@ -38,15 +38,22 @@ class Bulk(models.Model):
 
     bulk_id = models.CharField(max_length=40, primary_key=True)
     action = models.CharField(max_length=20, choices=Action.choices)
-    filter = models.JSONField(default=dict, blank=True,
-                              help_text="The runs' filter, as GET /api/runs/ takes it (checked again per run).")
+    filter = models.JSONField(
+        default=dict, blank=True, help_text="The runs' filter, as GET /api/runs/ takes it (checked again per run)."
+    )
     from_step = models.CharField(max_length=200, blank=True, default="")
     outcome = models.CharField(max_length=20, blank=True, default="", help_text="A decision bulk's outcome.")
     note = models.TextField()
     decided_by = models.CharField(max_length=200)
     # As Intervention.user: by id, no constraint (the runs may live in a database of their own).
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
-                             db_constraint=False, related_name="+")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
     created_at = models.DateTimeField()
     total = models.PositiveIntegerField(default=0)
 

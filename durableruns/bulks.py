@@ -57,8 +57,9 @@ def _note(note: Any) -> str:
     return store.storable(note.strip(), limit=2000)
 
 
-def start_bulk(action: str, filter: Mapping[str, Any], *, by: Any, note: str, from_step: str | None = None,
-               chosen: Any = None) -> tuple[str, int]:
+def start_bulk(
+    action: str, filter: Mapping[str, Any], *, by: Any, note: str, from_step: str | None = None, chosen: Any = None
+) -> tuple[str, int]:
     """Record a bulk `action` on every run matching `filter` (parsed as GET /api/runs/ parses its query) that
     `by` may see, frozen now; return its id and how many runs it holds. Nothing is acted on here: the workers do.
 
@@ -79,8 +80,16 @@ def start_bulk(action: str, filter: Mapping[str, Any], *, by: Any, note: str, fr
         chosen = RunState.objects.matching(filter)
     runs = chosen.visible_to(by).values_list("run_id")
     bulk_id = f"bulk-{uuid.uuid4().hex[:16]}"
-    total = create_bulk(bulk_id=bulk_id, action=action, chosen=runs, filter=dict(filter), note=note,
-                        decided_by=decided_by, user_id=user_id, from_step=from_step or "")
+    total = create_bulk(
+        bulk_id=bulk_id,
+        action=action,
+        chosen=runs,
+        filter=dict(filter),
+        note=note,
+        decided_by=decided_by,
+        user_id=user_id,
+        from_step=from_step or "",
+    )
     store.wake_workers()
     return bulk_id, total
 
@@ -105,11 +114,20 @@ def decide_in_bulk(escalation_ids: list[int], outcome: str, *, by: Any, note: st
         raise InvalidDecision(f"outcome must be happened, did_not_happen or abandon, not {outcome!r}") from None
     decided_by, user_id = who(by)
     note = _note(note)
-    chosen = (Escalation.objects.visible_to(by).open().filter(pk__in=escalation_ids).order_by()
-              .values_list("run_id", "id"))
+    chosen = (
+        Escalation.objects.visible_to(by).open().filter(pk__in=escalation_ids).order_by().values_list("run_id", "id")
+    )
     bulk_id = f"bulk-{uuid.uuid4().hex[:16]}"
-    total = create_bulk(bulk_id=bulk_id, action=Bulk.Action.DECIDE, chosen=chosen, filter={}, note=note,
-                        decided_by=decided_by, user_id=user_id, outcome=outcome)
+    total = create_bulk(
+        bulk_id=bulk_id,
+        action=Bulk.Action.DECIDE,
+        chosen=chosen,
+        filter={},
+        note=note,
+        decided_by=decided_by,
+        user_id=user_id,
+        outcome=outcome,
+    )
     store.wake_workers()
     return bulk_id, total
 
@@ -133,8 +151,9 @@ def progress(bulk_id: str, *, user: Any = None) -> Progress:
     may see are listed."""
     bulk, done, _pending, skipped = bulk_progress(bulk_id)
     if user is not None and skipped:
-        visible = set(RunState.objects.visible_to(user).filter(pk__in=[r for r, _ in skipped])
-                      .values_list("pk", flat=True))
+        visible = set(
+            RunState.objects.visible_to(user).filter(pk__in=[r for r, _ in skipped]).values_list("pk", flat=True)
+        )
         skipped = [(r, why) for r, why in skipped if r in visible]
     return Progress(bulk=bulk, total=bulk.total, done=done, failed=skipped)
 
@@ -192,15 +211,25 @@ class _Acts:
 
 def _cancel(bulk: Bulk, item: BulkItem, now: datetime) -> After:
     act, cancelled = staff_action_in_commit(
-        item.run_id, action=Intervention.Action.CANCEL, allowed_from=CANCELLABLE, new_status=RunStatus.CANCELLED,
-        decided_by=bulk.decided_by, user_id=bulk.user_id, note=bulk.note, now=now, bulk_id=bulk.bulk_id)
+        item.run_id,
+        action=Intervention.Action.CANCEL,
+        allowed_from=CANCELLABLE,
+        new_status=RunStatus.CANCELLED,
+        decided_by=bulk.decided_by,
+        user_id=bulk.user_id,
+        note=bulk.note,
+        now=now,
+        bulk_id=bulk.bulk_id,
+    )
 
     def after() -> None:  # as services.cancel_run announces it
         signals.escalation_was_decided(act)
-        signals.run_finished(item.run_id, RunStatus.CANCELLED, reason=f"cancel by {bulk.decided_by}: {bulk.note}",
-                             by=bulk.decided_by)
-        announce_cancelled(cancelled, reason=cascade_reason(item.run_id, bulk.decided_by, bulk.note),
-                           by=bulk.decided_by)
+        signals.run_finished(
+            item.run_id, RunStatus.CANCELLED, reason=f"cancel by {bulk.decided_by}: {bulk.note}", by=bulk.decided_by
+        )
+        announce_cancelled(
+            cancelled, reason=cascade_reason(item.run_id, bulk.decided_by, bulk.note), by=bulk.decided_by
+        )
 
     return after
 
@@ -213,24 +242,41 @@ def _stopped_at(run: RunState) -> tuple[str, int | None]:
     return step, b.latest[step].attempt if step else None
 
 
-def _retry(bulk: Bulk, item: BulkItem, now: datetime) -> None:
+def _retry(bulk: Bulk, item: BulkItem, now: datetime) -> After | None:
     run = RunState.objects.select_for_update().get(pk=item.run_id)  # as services.retry_run, under the row lock
     if run.status not in RETRYABLE:
-        raise RunNotActionable(f"only a failed or stopped run can be retried; this one is {run.status}",
-                               run_id=run.run_id, status=run.status)
-    if run.status == RunStatus.NEEDS_DECISION and Escalation.objects.filter(run_id=run.run_id,
-                                                                           decision__isnull=True).exists():
-        raise RunNotActionable("this run waits for a decision on its escalation: decide it instead of retrying",
-                               run_id=run.run_id, status=run.status)
+        raise RunNotActionable(
+            f"only a failed or stopped run can be retried; this one is {run.status}",
+            run_id=run.run_id,
+            status=run.status,
+        )
+    if (
+        run.status == RunStatus.NEEDS_DECISION
+        and Escalation.objects.filter(run_id=run.run_id, decision__isnull=True).exists()
+    ):
+        raise RunNotActionable(
+            "this run waits for a decision on its escalation: decide it instead of retrying",
+            run_id=run.run_id,
+            status=run.status,
+        )
     step, attempt = _stopped_at(run)
     staff_action_in_commit(
-        run.run_id, action=Intervention.Action.RETRY, allowed_from=RETRYABLE, new_status=RunStatus.PENDING,
-        decided_by=bulk.decided_by, user_id=bulk.user_id, note=bulk.note, now=now, step=step, attempt=attempt,
-        bulk_id=bulk.bulk_id)
+        run.run_id,
+        action=Intervention.Action.RETRY,
+        allowed_from=RETRYABLE,
+        new_status=RunStatus.PENDING,
+        decided_by=bulk.decided_by,
+        user_id=bulk.user_id,
+        note=bulk.note,
+        now=now,
+        step=step,
+        attempt=attempt,
+        bulk_id=bulk.bulk_id,
+    )
     return None
 
 
-def _restart(bulk: Bulk, item: BulkItem, now: datetime) -> None:
+def _restart(bulk: Bulk, item: BulkItem, now: datetime) -> After | None:
     """As durableruns.restart: a new run, keys kept, the resolvable steps the source attempted looked up first."""
     source = RunState.objects.get(pk=item.run_id)
     workflow = get_workflow(source.workflow)
@@ -238,24 +284,40 @@ def _restart(bulk: Bulk, item: BulkItem, now: datetime) -> None:
     if from_step == FAILED_STEP:
         from_step, _attempt = _stopped_at(source)
         if source.status != RunStatus.FAILED or not from_step:
-            raise RunNotActionable(f"this run has no failed step to restart from; it is {source.status}",
-                                   run_id=source.run_id, status=source.status)
+            raise RunNotActionable(
+                f"this run has no failed step to restart from; it is {source.status}",
+                run_id=source.run_id,
+                status=source.status,
+            )
     plan = workflow.as_plan()
     record_plan(plan)  # joins this commit
     restart_in_commit(
-        source.run_id, run_id=f"{workflow.name}-{uuid.uuid4().hex[:12]}", plan=plan, from_step=from_step,
+        source.run_id,
+        run_id=f"{workflow.name}-{uuid.uuid4().hex[:12]}",
+        plan=plan,
+        from_step=from_step,
         resolvable=[s.name for s in workflow.steps if s.policy is Policy.RESOLVABLE and s.wait is None],
         acquisitions=[(a.step, a.release_step) for a in workflow.acquisitions()],
-        concurrency_key=workflow.limit_key(source.input), decided_by=bulk.decided_by, user_id=bulk.user_id,
-        note=bulk.note, now=now, bulk_id=bulk.bulk_id)
+        concurrency_key=workflow.limit_key(source.input),
+        decided_by=bulk.decided_by,
+        user_id=bulk.user_id,
+        note=bulk.note,
+        now=now,
+        bulk_id=bulk.bulk_id,
+    )
     return None
 
 
 def _decide(bulk: Bulk, item: BulkItem, now: datetime, author: Any) -> After:
     """One escalation of a decision bulk, as services.resolve_escalation decides it (no result: a decision in
     bulk records none)."""
-    escalation = (Escalation.objects.visible_to(author).select_for_update(of=("self",)).select_related("run")
-                  .filter(pk=item.escalation_id).first())
+    escalation = (
+        Escalation.objects.visible_to(author)
+        .select_for_update(of=("self",))
+        .select_related("run")
+        .filter(pk=item.escalation_id)
+        .first()
+    )
     if escalation is None:
         raise RunNotActionable("the escalation is gone, or out of the author's scope", run_id=item.run_id)
     if Intervention.objects.filter(escalation_id=escalation.pk).exists():
@@ -266,14 +328,26 @@ def _decide(bulk: Bulk, item: BulkItem, now: datetime, author: Any) -> After:
         names = plan.names if plan is not None else ()
         cursor = names.index(escalation.step) + 1 if escalation.step in names else escalation.run.cursor + 1
     decision, cancelled, cascade = decision_in_commit(
-        escalation.pk, action=bulk.outcome, decided_by=bulk.decided_by, user_id=bulk.user_id, note=bulk.note,
-        result=None, cursor=cursor, now=now, bulk_id=bulk.bulk_id)
+        escalation.pk,
+        action=bulk.outcome,
+        decided_by=bulk.decided_by,
+        user_id=bulk.user_id,
+        note=bulk.note,
+        result=None,
+        cursor=cursor,
+        now=now,
+        bulk_id=bulk.bulk_id,
+    )
 
     def after() -> None:  # as services.resolve_escalation announces it
         signals.escalation_was_decided(decision)
         if bulk.outcome == Outcome.ABANDON:
-            signals.run_finished(decision.run_id, RunStatus.CANCELLED,
-                                 reason=f"abandoned by {bulk.decided_by}: {bulk.note}", by=bulk.decided_by)
+            signals.run_finished(
+                decision.run_id,
+                RunStatus.CANCELLED,
+                reason=f"abandoned by {bulk.decided_by}: {bulk.note}",
+                by=bulk.decided_by,
+            )
         announce_cancelled(cancelled, reason=cascade, by=bulk.decided_by)
 
     return after

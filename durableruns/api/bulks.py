@@ -61,11 +61,13 @@ class StartBulk(DurableRunsAPIView):
             # the act it names needs its own permission: refused before the rest is read, nothing recorded
             raise PermissionDenied(f"A bulk {action} needs the permission {bulks.PERMISSIONS[action]}.")
         data = parse(r.BulkRequestSerializer, request.data)
-        bulk_id, total = bulks.start_bulk(data["action"], data["filter"], by=request.user, note=data["note"],
-                                          from_step=data.get("from_step"))
+        bulk_id, total = bulks.start_bulk(
+            data["action"], data["filter"], by=request.user, note=data["note"], from_step=data.get("from_step")
+        )
         location = request.build_absolute_uri(f"{bulk_id}/")
-        return Response({"bulk_id": bulk_id, "total": total}, status=status.HTTP_202_ACCEPTED,
-                        headers={"Location": location})
+        return Response(
+            {"bulk_id": bulk_id, "total": total}, status=status.HTTP_202_ACCEPTED, headers={"Location": location}
+        )
 
 
 @document(

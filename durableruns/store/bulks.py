@@ -33,7 +33,7 @@ After = Callable[[], None]
 Act = Callable[[Bulk, BulkItem, datetime], After | None]
 
 
-def create_bulk(*, bulk_id: str, action: str, chosen: QuerySet, filter: dict[str, Any], note: str,
+def create_bulk(*, bulk_id: str, action: str, chosen: QuerySet[Any, Any], filter: dict[str, Any], note: str,
                 decided_by: str, user_id: int | None, from_step: str = "", outcome: str = "",
                 clock: Clock = DATABASE) -> int:
     """Record a bulk and its items in one commit: one item per row of `chosen`, a query of the runs' ids (or, for
@@ -53,7 +53,7 @@ def create_bulk(*, bulk_id: str, action: str, chosen: QuerySet, filter: dict[str
                 f"INSERT INTO {table} (bulk_id, run_id, escalation_id, state, reason) "
                 f"SELECT %s, chosen.run_id, {escalation}, %s, '' FROM ({sql}) AS chosen",
                 [bulk_id, BulkItemState.PENDING, *params])
-            total = cursor.rowcount
+            total = int(cursor.rowcount)
         Bulk.objects.using(alias).filter(pk=bulk_id).update(total=total)
     return total
 
