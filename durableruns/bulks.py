@@ -25,7 +25,7 @@ from django.contrib.auth import get_user_model
 from durableruns import faults, signals, store
 from durableruns.bulk_models import Bulk, BulkItem
 from durableruns.clock import Clock
-from durableruns.errors import InvalidDecision, InvalidInput, RunNotActionable
+from durableruns.errors import BulkNotFound, InvalidDecision, InvalidInput, RunNotActionable
 from durableruns.models import Escalation, Intervention, RunState, RunStatus
 from durableruns.policies import Outcome, Policy
 from durableruns.reading import boundary_of, run_plan
@@ -147,9 +147,12 @@ class Progress:
 
 
 def progress(bulk_id: str, *, user: Any = None) -> Progress:
-    """Where the bulk `bulk_id` stands (Bulk.DoesNotExist if none); with `user`, only the skipped runs that user
+    """Where the bulk `bulk_id` stands (errors.BulkNotFound if none); with `user`, only the skipped runs that user
     may see are listed."""
-    bulk, done, _pending, skipped = bulk_progress(bulk_id)
+    try:
+        bulk, done, _pending, skipped = bulk_progress(bulk_id)
+    except Bulk.DoesNotExist:
+        raise BulkNotFound(bulk_id=bulk_id) from None
     if user is not None and skipped:
         visible = set(
             RunState.objects.visible_to(user).filter(pk__in=[r for r, _ in skipped]).values_list("pk", flat=True)

@@ -8,13 +8,14 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import status
-from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from durableruns import bulks
 from durableruns.api import requests as r
 from durableruns.api.permissions import CanActInBulk, CanViewRuns
+from durableruns.api.serializers import ErrorSerializer
 from durableruns.api.views import (
     BAD_REQUEST,
     NOT_ALLOWED,
@@ -24,9 +25,8 @@ from durableruns.api.views import (
     document,
     parse,
 )
-from durableruns.bulk_models import Bulk
 
-NOT_A_BULK = OpenApiResponse(r.serializers.Serializer, description="No bulk act has that id (not_found).")
+NOT_A_BULK = OpenApiResponse(ErrorSerializer, description="No bulk act has that bulk_id (bulk_not_found).")
 
 
 @document(
@@ -87,10 +87,7 @@ class BulkProgress(DurableRunsAPIView):
     serializer_class = r.BulkProgressSerializer
 
     def get(self, request: Request, bulk_id: str) -> Response:
-        try:
-            progress = bulks.progress(bulk_id, user=request.user)
-        except Bulk.DoesNotExist:
-            raise NotFound("No bulk act has that id.") from None
+        progress = bulks.progress(bulk_id, user=request.user)
         body: dict[str, Any] = {
             "state": progress.state,
             "total": progress.total,

@@ -9,6 +9,7 @@ from rest_framework import serializers
 from durableruns.api.fields import (
     ESCALATION_STATES,
     OUTCOMES,
+    BulkActionField,
     JSONObjectField,
     RunStatusField,
     StorableJSONField,
@@ -159,13 +160,10 @@ class EscalationFilterSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=ESCALATION_STATES, default="open", required=False)
 
 
-BULK_ACTIONS = ("cancel", "retry", "restart")  # durableruns.bulks.ACTIONS (the API names them in its schema)
-
-
 class BulkRequestSerializer(serializers.Serializer):
     """POST /api/runs/bulk/: one act for every run a filter of GET /api/runs/ matches, and why."""
 
-    action = serializers.ChoiceField(choices=BULK_ACTIONS, help_text="The act: each needs the single act's permission.")
+    action = BulkActionField(help_text="The act: each needs the single act's permission.")
     filter = JSONObjectField(
         help_text="The query parameters of GET /api/runs/ as an object (status, workflow, run_id, effect_key, "
         "waiting_for, attr: a list of name:value, or one); at least one, none unknown. The runs it matches now "
