@@ -164,9 +164,10 @@ def progress(bulk_id: str, *, user: Any = None) -> Progress:
 # -- the workers' side -------------------------------------------------------------------------------------------
 
 
-def work(*, batch: int = 20, clock: Clock = store.DATABASE) -> Batch:
+def work(*, batch: int = 50, clock: Clock = store.DATABASE) -> Batch:
     """Act on up to `batch` pending items of any bulk, each in the commit that marks it done (store.bulks)."""
-    return act_on_pending(_Acts().act, batch=batch, clock=clock)
+    acts = _Acts()
+    return act_on_pending(acts.act, batch=batch, clock=clock, prepare=acts.prepare)
 
 
 def drain(*, clock: Clock = store.DATABASE) -> int:
@@ -177,8 +178,8 @@ def drain(*, clock: Clock = store.DATABASE) -> int:
     return taken
 
 
-# Items this process has acted on: the crash point "bulk:N" of an act (DURABLERUNS_CRASH_AT="cancel@bulk:30"
-# kills the worker inside the commit of its 30th item, the act made and not committed).
+# Items this process has acted on: the crash point "bulk:N" of an act (DURABLERUNS_CRASH_AT="cancel@bulk:70"
+# kills the worker inside the commit of its 70th item, the act made and not committed).
 _acted = itertools.count(1)
 
 
@@ -187,6 +188,17 @@ class _Acts:
 
     def __init__(self) -> None:
         self.authors: dict[str, Any] = {}
+        self.fitting: set[tuple[str, str]] = set()  # (bulk_id, run_id) of the batch's runs that fit their filter
+
+    def prepare(self, batch_bulks: dict[str, Bulk], items: list[BulkItem]) -> None:
+        """Inside the batch's commit: which of its runs still match their bulk's whole filter, in the author's
+        scope, one query a bulk (each act then locks its run and checks its own precondition on the record)."""
+        for bulk in batch_bulks.values():
+            if bulk.action == Bulk.Action.DECIDE:
+                continue
+            ids = [i.run_id for i in items if i.bulk_id == bulk.bulk_id]
+            runs = RunState.objects.matching(bulk.filter).visible_to(self.author(bulk)).filter(pk__in=ids)
+            self.fitting.update((bulk.bulk_id, run_id) for run_id in runs.values_list("pk", flat=True))
 
     def author(self, bulk: Bulk) -> Any:
         if bulk.bulk_id not in self.authors:
@@ -200,10 +212,9 @@ class _Acts:
         return then
 
     def _act(self, bulk: Bulk, item: BulkItem, now: datetime) -> After | None:
-        author = self.author(bulk)
         if bulk.action == Bulk.Action.DECIDE:
-            return _decide(bulk, item, now, author)
-        if not RunState.objects.matching(bulk.filter).visible_to(author).filter(pk=item.run_id).exists():
+            return _decide(bulk, item, now, self.author(bulk))
+        if (bulk.bulk_id, item.run_id) not in self.fitting:
             raise RunNotActionable("it no longer matches the bulk's filter", run_id=item.run_id)
         if bulk.action == Bulk.Action.CANCEL:
             return _cancel(bulk, item, now)
@@ -246,7 +257,9 @@ def _stopped_at(run: RunState) -> tuple[str, int | None]:
 
 
 def _retry(bulk: Bulk, item: BulkItem, now: datetime) -> After | None:
-    run = RunState.objects.select_for_update().get(pk=item.run_id)  # as services.retry_run, under the row lock
+    # As services.retry_run: read, then the act locks the run and checks its status again (a failed or stopped
+    # run's attempts do not move meanwhile: no claim takes it).
+    run = RunState.objects.get(pk=item.run_id)
     if run.status not in RETRYABLE:
         raise RunNotActionable(
             f"only a failed or stopped run can be retried; this one is {run.status}",

@@ -31,6 +31,7 @@ log = logging.getLogger("durableruns")
 # What an act hands back to run once its batch has committed (signals: receivers read a committed record).
 After = Callable[[], None]
 Act = Callable[[Bulk, BulkItem, datetime], After | None]
+Prepare = Callable[[dict[str, Bulk], list[BulkItem]], None]
 
 
 def create_bulk(*, bulk_id: str, action: str, chosen: QuerySet[Any, Any], filter: dict[str, Any], note: str,
@@ -70,38 +71,44 @@ class Batch:
         return self.done + len(self.skipped)
 
 
-def act_on_pending(act: Act, *, batch: int = 20, clock: Clock = DATABASE) -> Batch:
+def act_on_pending(act: Act, *, batch: int = 50, clock: Clock = DATABASE, prepare: Prepare | None = None) -> Batch:
     """Take up to `batch` pending items of any bulk (oldest first, those another worker holds skipped) and act on
     each with `act(bulk, item, now)` in one commit that also marks it done, or skipped with the reason `act`
     raised (a DurableRunsError: the run no longer fits, or the act was refused). What `act` returns is run
-    once that commit is made. An empty Batch: nothing is pending that no other worker holds."""
+    once that commit is made. `prepare(bulks, items)`, if given, is called first inside the commit (to read
+    what the batch's acts share in one query). An empty Batch: nothing is pending that no other worker holds."""
     alias = conf.database()
     taken = Batch()
     after: list[After] = []
     with transaction.atomic(using=alias, durable=True):
         now = clock.now()
         items = list(BulkItem.objects.using(alias).select_for_update(skip_locked=True).pending()[:batch])
+        if not items:
+            return taken
         bulks = {b.pk: b for b in Bulk.objects.using(alias).filter(pk__in={i.bulk_id for i in items})}
+        if prepare is not None:
+            prepare(bulks, items)
+        done: list[int] = []
         for item in items:
             try:
                 with transaction.atomic(using=alias):  # a savepoint: a refused act leaves nothing behind
                     then = act(bulks[item.bulk_id], item, now)
             except DurableRunsError as exc:
-                item.state, item.reason = BulkItemState.SKIPPED, str(exc)
+                reason = str(exc)
             except Exception as exc:  # a bug on one run, not the others' business: skipped, said, and logged
                 log.exception("bulk %s: acting on run %s raised", item.bulk_id, item.run_id)
-                item.state, item.reason = BulkItemState.SKIPPED, f"raised {type(exc).__name__}: {exc}"
+                reason = f"raised {type(exc).__name__}: {exc}"
             else:
-                item.state = BulkItemState.DONE
+                done.append(item.pk)
                 if then is not None:
                     after.append(then)
-            item.reason = item.reason[:2000]
-            item.acted_at = now
-            item.save(update_fields=["state", "reason", "acted_at"])
-            if item.state == BulkItemState.DONE:
-                taken.done += 1
-            else:
-                taken.skipped.append((item.run_id, item.reason))
+                continue
+            BulkItem.objects.using(alias).filter(pk=item.pk).update(
+                state=BulkItemState.SKIPPED, reason=reason[:2000], acted_at=now)
+            taken.skipped.append((item.run_id, reason[:2000]))
+        # the acted-on items in one statement, still inside the commit that made their acts
+        BulkItem.objects.using(alias).filter(pk__in=done).update(state=BulkItemState.DONE, acted_at=now)
+        taken.done = len(done)
     for then in after:
         then()
     return taken

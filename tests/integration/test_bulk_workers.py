@@ -20,7 +20,7 @@ from tests.conftest import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
-RUNS = 60
+RUNS = 120
 
 
 def completed_runs(n: int) -> list[str]:
@@ -58,18 +58,18 @@ def test_a_worker_killed_mid_bulk_leaves_every_run_acted_on_exactly_once(workers
         bulk_id, total = bulks.start_bulk("restart", {"workflow": "scripted", "status": "completed"}, by="ops",
                                           note="fix deployed", from_step="third")
     assert total == RUNS
-    # Killed inside the commit of its 30th item: the first batch of 20 committed, the second's ten acts vanish.
-    crashed = workers.run("--worker", "doomed", DURABLERUNS_CRASH_AT=f"{action}@bulk:30",
+    # Killed inside the commit of its 70th item: the first batch of 50 committed, the second's twenty acts vanish.
+    crashed = workers.run("--worker", "doomed", DURABLERUNS_CRASH_AT=f"{action}@bulk:70",
                           DURABLERUNS_CRASH_MARKER=str(tmp_path / "crashed"))
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
-    assert BulkItem.objects.filter(bulk_id=bulk_id, state="done").count() == 20
-    assert BulkItem.objects.filter(bulk_id=bulk_id, state="pending").count() == RUNS - 20
+    assert BulkItem.objects.filter(bulk_id=bulk_id, state="done").count() == 50
+    assert BulkItem.objects.filter(bulk_id=bulk_id, state="pending").count() == RUNS - 50
     if action == "cancel":
-        assert Intervention.objects.filter(bulk_id=bulk_id).count() == 20
-        assert RunState.objects.filter(pk__in=ids, status=RunStatus.CANCELLED).count() == 20
+        assert Intervention.objects.filter(bulk_id=bulk_id).count() == 50
+        assert RunState.objects.filter(pk__in=ids, status=RunStatus.CANCELLED).count() == 50
     else:
-        assert Intervention.objects.filter(bulk_id=bulk_id).count() == 40  # on the source and on the new run
-        assert RunState.objects.filter(restarted_from__in=ids).count() == 20
+        assert Intervention.objects.filter(bulk_id=bulk_id).count() == 100  # on the source and on the new run
+        assert RunState.objects.filter(restarted_from__in=ids).count() == 50
 
     finish_with_loop_workers(workers, bulk_id, 2)
 
