@@ -178,3 +178,16 @@ def test_a_decision_in_bulk_decides_each_selected_escalation_once():
     assert not Intervention.objects.filter(escalation_id=left).exists()
     with pytest.raises(InvalidDecision):
         bulks.decide_in_bulk([left], "maybe", by="ops", note="n")
+
+
+def test_an_escalation_decided_after_the_bulk_was_asked_is_skipped_naming_who_decided_it():
+    chosen = [escalated(f"e-{i}") for i in range(2)]
+    bulk_id, total = bulks.decide_in_bulk(chosen, "abandon", by="ops", note="nobody will check")
+    assert total == 2
+    services.resolve_escalation(chosen[0], "happened", by="bea", note="found it in the outbox")
+    bulks.drain()
+    (skipped,) = bulks.progress(bulk_id).failed
+    assert skipped[0] == "e-0" and skipped[1].startswith("already decided by bea at ")
+    assert Intervention.objects.get(escalation_id=chosen[0]).decided_by == "bea"  # one decision, the first
+    assert Intervention.objects.get(escalation_id=chosen[1]).bulk_id == bulk_id
+    assert RunState.objects.get(pk="e-1").status == RunStatus.CANCELLED
