@@ -113,6 +113,7 @@ class EscalationAdmin(ReadOnlyRecord):
             return ("-decision__decided_at",)
         return (F("hold_lapses_at").asc(nulls_last=True), "opened_at")
 
+    @services.non_atomic_requests  # the bulk decision records its bulk in a durable transaction of its own
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"title": "Escalation queue",
                                                  "can_decide": self.has_decide_permission(request),

@@ -80,6 +80,8 @@ def act_on_pending(act: Act, *, batch: int = 50, clock: Clock = DATABASE, prepar
     alias = conf.database()
     taken = Batch()
     after: list[After] = []
+    if not BulkItem.objects.using(alias).pending().exists():  # an idle worker's look: one index probe, no commit
+        return taken
     with transaction.atomic(using=alias, durable=True):
         now = clock.now()
         items = list(BulkItem.objects.using(alias).select_for_update(skip_locked=True).pending()[:batch])
