@@ -22,5 +22,5 @@ def test_the_bulk_bench_posts_finishes_and_times_claims_beside_it(tmp_path):
     data = json.loads((tmp_path / "bulk.json").read_text())
     assert data["runs"] == 60 and data["post"]["trials"] == 2 and data["post"]["median_ms"] > 0
     assert [row["workers"] for row in data["finish"]] == [1] and data["finish"][0]["seconds"] > 0
-    assert data["claims"]["rounds"] == 1 and data["claims"]["ratio"] > 0
+    assert data["claims"]["rounds"] == 1 and data["claims"]["ratio"] > 0 and data["claims"]["spinning_ratio"] > 0
     assert "POST /api/runs/bulk/" in (tmp_path / "bulk.md").read_text()
