@@ -6,6 +6,7 @@
     ├── InvalidInput              a run's input is not a JSON object
     ├── DuplicateRun              a run with that run_id exists already
     ├── RunNotFound               no run has that run_id
+    ├── BulkNotFound              no bulk act has that bulk_id
     ├── RunFailed                 result(): the run ended failed (carries run_id and reason)
     ├── RunCancelled              result(): the run ended cancelled (carries run_id and reason)
     ├── ResultNotJSON             a step returned (or a decision supplied) a value that is not JSON
@@ -62,6 +63,10 @@ class DuplicateRun(DurableRunsError):
 
 class RunNotFound(DurableRunsError):
     """No run has that run_id."""
+
+
+class BulkNotFound(DurableRunsError):
+    """No bulk act has that bulk_id."""
 
 
 class RunFailed(DurableRunsError):

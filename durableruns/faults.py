@@ -10,7 +10,8 @@ process (`arm`) or, for a worker started as a subprocess, by the environment:
 Points, in cycle order: before_intent (for a fresh run's first step, whose intent rides on the claim: before
 the claim's commit, nothing recorded), after_intent (intent committed, far system not called yet),
 after_effect (called by the step itself once the far system accepted), loop:N (item N of ctx.loop done),
-after_return (the step returned, its result not committed).
+after_return (the step returned, its result not committed). A bulk act's point is "bulk:N", its step the act
+("retry@bulk:70"): the worker's Nth item acted on, inside the batch's commit (durableruns.bulks).
 """
 
 from __future__ import annotations

@@ -439,6 +439,7 @@ class Intervention(models.Model):
     decided_at = models.DateTimeField()
     note = models.TextField()
     result = models.JSONField(null=True, blank=True)
+    bulk_id = models.CharField(max_length=40, null=True, blank=True, help_text="The bulk act that made it, if one did.")
 
     class Meta:
         db_table = "run_intervention"
@@ -565,6 +566,9 @@ class ApprovalQueue(RunState):  # the approval queue's entry in the admin's side
         verbose_name = verbose_name_plural = "approval queue"
 
 
-# The inbox's items live in a module of their own; imported here, they are models of the app.
+# The inbox's items and a bulk act's record live in modules of their own; imported here, they are models of the app.
+from durableruns.bulk_models import Bulk as Bulk  # noqa: E402
+from durableruns.bulk_models import BulkItem as BulkItem  # noqa: E402
+from durableruns.bulk_models import BulkItemState as BulkItemState  # noqa: E402
 from durableruns.inbox_models import Inbox as Inbox  # noqa: E402
 from durableruns.inbox_models import InboxItem as InboxItem  # noqa: E402

@@ -22,6 +22,27 @@ class RunStateQuerySet(models.QuerySet):
         hidden = scopes.hidden_workflows(user)
         return self.exclude(workflow__in=sorted(hidden)) if hidden else self
 
+    def matching(self, filters: Mapping[str, Any]) -> RunStateQuerySet:
+        """The runs a filter of GET /api/runs/ selects, parsed (api.requests.RunFilterSerializer): status, workflow,
+        run_id, effect_key, waiting_for, and attr, a list of (name, value text) all of which must match exactly.
+        The list and a bulk act both read through this, so they never disagree; blank values select all."""
+        runs = self
+        if filters.get("status"):
+            runs = runs.filter(status=filters["status"])
+        if filters.get("workflow"):
+            runs = runs.filter(workflow=filters["workflow"])
+        if filters.get("run_id"):
+            runs = runs.filter(pk=filters["run_id"])
+        if filters.get("effect_key"):
+            runs = runs.having_effect_key(filters["effect_key"])
+        if filters.get("waiting_for"):
+            runs = runs.waiting_for(filters["waiting_for"])
+        attributes = self.model._meta.apps.get_model("durableruns", "RunAttribute")._default_manager
+        for name, value in filters.get("attr") or ():  # each pair one EXISTS through the (name, value_text) index
+            runs = runs.filter(models.Exists(attributes.filter(run_id=models.OuterRef("pk"), name=name,
+                                                               value_text=value)))
+        return runs
+
     def due(self, now: datetime) -> RunStateQuerySet:
         """Runs a worker may take now: new or decided, lease expired, or waiting whose wake time has come."""
         return self.filter(status__in=self.ACTIVE).filter(

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from durableruns import conf, deadlines, reading, schedules, signals, store
+from durableruns import bulks, conf, deadlines, reading, schedules, signals, store
 from durableruns.boundary import Boundary
 from durableruns.clock import Clock, on_postgresql
 from durableruns.debounce import debounce_of
@@ -35,6 +35,7 @@ from durableruns.plans import lacking
 from durableruns.policies import Action, Outcome, settle_in_doubt
 from durableruns.registry import Workflow, get_workflow, startable, workflows
 from durableruns.waits import Kind
+from durableruns.worker.bulks import BulkWorker
 from durableruns.worker.heartbeat import Heartbeat
 from durableruns.worker.listener import Listener, seconds_until_next_due
 from durableruns.worker.pool import Budget, PassReport, Stopping, Waker, WorkerPool
@@ -221,7 +222,7 @@ def resume_due(
             listener.settled.wait(Listener.PROBE_SECONDS + 2.0)  # listening, deaf (polling), or lost meanwhile
             pickup = f"{listener.state}, polling every {idle_seconds:g}s as a fallback"
         on_start(f"{concurrency} thread(s); {pickup}")
-    watchdog = presence = timetable = None
+    watchdog = presence = timetable = bulk_worker = None
     owner = owner or default_owner()
     try:
         if run_id is None and schedules.schedules():  # the slots that have come start first, then get worked
@@ -229,6 +230,11 @@ def resume_due(
                 schedules.start_due(clock=clock)
             else:  # a --loop worker also wakes for each slot to come
                 timetable = Timetable(waker, clock).start()
+        if run_id is None:  # bulk acts: a single pass takes its share first; a --loop worker, in a thread
+            if waker is None:
+                bulks.drain(clock=clock)
+            else:
+                bulk_worker = BulkWorker(clock=clock).start()
         with Heartbeat(clock) as heartbeat:
             if report_presence:  # a worker process (resume_runs), not a pass called in-process
                 presence = Presence(owner, threads=concurrency, clock=clock, in_hand=lambda: len(heartbeat.held()),
@@ -258,6 +264,8 @@ def resume_due(
             listener.stop()
         if timetable is not None:
             timetable.stop()
+        if bulk_worker is not None:
+            bulk_worker.stop()
     return report
 
 

@@ -22,6 +22,7 @@ from django.utils.timesince import timesince
 
 from durableruns import services
 from durableruns.admin.base import EscalationChangeList, ReadOnlyRecord
+from durableruns.admin.bulks import decide_escalations
 from durableruns.admin.display import (
     attempt_row,
     badge,
@@ -82,7 +83,7 @@ class EscalationAdmin(ReadOnlyRecord):
     search_fields = ("run__run_id", "effect_key", "step")
     search_help_text = "A run id, an effect key or a step name."
     list_per_page = 50
-    actions = None
+    actions = ("decide_in_bulk",)
     change_list_template = "durableruns/admin/escalation_change_list.html"
     page_template = "durableruns/admin/escalation_page.html"
 
@@ -91,6 +92,11 @@ class EscalationAdmin(ReadOnlyRecord):
 
     def has_decide_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durableruns.decide_escalation")
+
+    @admin.action(description="Decide selected escalations in bulk…", permissions=["decide"])
+    def decide_in_bulk(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """One outcome and note for the selected escalations, decided by the workers (admin.bulks)."""
+        return decide_escalations(self, request, queryset)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # the queue, its counts and each escalation's page: only the runs the user may see (durableruns.scopes)
@@ -107,6 +113,7 @@ class EscalationAdmin(ReadOnlyRecord):
             return ("-decision__decided_at",)
         return (F("hold_lapses_at").asc(nulls_last=True), "opened_at")
 
+    @services.non_atomic_requests  # the bulk decision records its bulk in a durable transaction of its own
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"title": "Escalation queue",
                                                  "can_decide": self.has_decide_permission(request),

@@ -24,7 +24,8 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
-from durableruns import scopes, services
+from durableruns import bulks, scopes, services
+from durableruns.admin import bulks as bulk_pages
 from durableruns.admin.base import CappedCountPaginator, ReadOnlyRecord, RunChangeList
 from durableruns.admin.display import (
     CANCELLABLE,
@@ -57,6 +58,10 @@ from durableruns.models import (
     RunStep,
 )
 from durableruns.querysets import RunStateQuerySet
+
+CANCEL_QUESTION = "Cancel these runs for good? A worker holding one is fenced out; nothing already done is undone."
+RETRY_QUESTION = ("Give the failed step of these runs a fresh set of attempts? The next resume_runs makes a new "
+                  "attempt under the same effect key.")
 
 # A run's input longer than this many lines (as indented JSON) is folded on its page, as the results are.
 INPUT_SHOWN_LINES = 20
@@ -132,7 +137,7 @@ class RunStateAdmin(ReadOnlyRecord):
     list_per_page = 100
     show_full_result_count = False  # run_state grows without bound: one COUNT per page is enough
     paginator = CappedCountPaginator  # and that one stops at CAP
-    actions = ("cancel_runs", "retry_runs", "adopt_plan_runs")
+    actions = ("cancel_runs", "retry_runs", "restart_failed_runs", "adopt_plan_runs")
     change_list_template = "durableruns/admin/run_change_list.html"
     change_form_template = "durableruns/admin/run_change_form.html"
     fieldsets = (
@@ -163,7 +168,9 @@ class RunStateAdmin(ReadOnlyRecord):
             name="durableruns_runstate_restart")
         live = path("<path:object_id>/live/", self.admin_site.admin_view(lambda request, object_id: live_view(
             self, request, object_id)), name="durableruns_runstate_live")
-        return [approvals, restart, live, *super().get_urls()]
+        bulk = path("bulk/<str:bulk_id>/", self.admin_site.admin_view(lambda request, bulk_id: bulk_pages.progress_view(
+            self, request, bulk_id)), name="durableruns_bulk_progress")
+        return [approvals, restart, bulk, live, *super().get_urls()]
 
     # -- the approval queue: runs waiting for a person's yes or no, beside the escalation queue
 
@@ -358,20 +365,38 @@ class RunStateAdmin(ReadOnlyRecord):
 
     @admin.action(description="Cancel selected runs…", permissions=["cancel"])
     def cancel_runs(self, request: HttpRequest, queryset: RunStateQuerySet) -> HttpResponse | None:
+        if bulk_pages.selected_across(request):  # "select all N": a bulk the workers act on, not this request
+            return bulk_pages.confirm_bulk(self, request, queryset, action="cancel", name="cancel_runs",
+                                           title="Cancel runs in bulk", question=CANCEL_QUESTION)
         return self._confirmed(
             request, queryset, action="cancel_runs", perform=services.cancel_run,
             title="Cancel runs", verb="cancelled",
-            question="Cancel these runs for good? A worker holding one is fenced out; nothing already done is undone.",
+            question=CANCEL_QUESTION,
         )
 
     @admin.action(description="Retry selected failed runs…", permissions=["retry"])
     def retry_runs(self, request: HttpRequest, queryset: RunStateQuerySet) -> HttpResponse | None:
+        if bulk_pages.selected_across(request):
+            return bulk_pages.confirm_bulk(self, request, queryset, action="retry", name="retry_runs",
+                                           title="Retry failed runs in bulk", question=RETRY_QUESTION)
         return self._confirmed(
             request, queryset, action="retry_runs", perform=services.retry_run,
             title="Retry failed runs", verb="retried",
-            question="Give the failed step of these runs a fresh set of attempts? The next resume_runs makes a "
-                     "new attempt under the same effect key.",
+            question=RETRY_QUESTION,
         )
+
+    @admin.action(description="Restart selected failed runs from the failed step…", permissions=["restart"])
+    def restart_failed_runs(self, request: HttpRequest, queryset: RunStateQuerySet) -> HttpResponse | None:
+        """Always a bulk: each run restarted (durableruns.restart) from the step it failed at, by the workers."""
+        return bulk_pages.confirm_bulk(
+            self, request, queryset, action="restart", name="restart_failed_runs", from_step=bulks.FAILED_STEP,
+            title="Restart failed runs from the failed step",
+            question="Restart each of these failed runs from the step it failed at? Each becomes a new run of the "
+                     "same input under this deploy's plan, the steps before copied, every effect key kept (a "
+                     "resolvable step is looked up by its key first). A run that is not failed is skipped.")
+
+    def has_restart_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("durableruns.restart_run")
 
     @admin.action(description="Move selected runs to the current plan…", permissions=["adopt_plan"])
     def adopt_plan_runs(self, request: HttpRequest, queryset: RunStateQuerySet) -> HttpResponse | None:

@@ -50,6 +50,11 @@ class RunNotFoundError(DurableRunsAPIError):
     default_code = "run_not_found"
 
 
+class BulkNotFoundError(DurableRunsAPIError):
+    status_code = status.HTTP_404_NOT_FOUND
+    default_code = "bulk_not_found"
+
+
 class ResultNotJSONError(DurableRunsAPIError):
     default_code = "result_not_json"
 
@@ -100,6 +105,7 @@ class NotAssignedError(DurableRunsAPIError):
 TRANSLATIONS: dict[type[errors.DurableRunsError], type[DurableRunsAPIError]] = {
     errors.UnknownWorkflow: UnknownWorkflowError,
     errors.InvalidInput: InvalidInputError,
+    errors.BulkNotFound: BulkNotFoundError,
     errors.DuplicateRun: DuplicateRunError,
     errors.RunNotFound: RunNotFoundError,
     errors.ResultNotJSON: ResultNotJSONError,

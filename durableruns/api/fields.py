@@ -124,3 +124,22 @@ class StepStatusFieldExtension(_NamedEnumExtension):
     target_class = StepStatusField
     component_name = "StepStatusEnum"
     choices = StepStatus
+
+
+BULK_ACTIONS = ("cancel", "retry", "restart")  # durableruns.bulks.ACTIONS
+
+
+class BulkActionField(serializers.ChoiceField):
+    """A bulk act's action: documented once, as the component BulkActionEnum (a staff act's `action` is another)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=[(a, a) for a in BULK_ACTIONS], **kwargs)
+
+
+class BulkActionFieldExtension(_NamedEnumExtension):
+    target_class = BulkActionField
+    component_name = "BulkActionEnum"
+
+    class choices:  # the shape _NamedEnumExtension reads: values, and (value, label) pairs
+        values = BULK_ACTIONS
+        choices = [(a, a) for a in BULK_ACTIONS]

@@ -91,3 +91,16 @@ class CanUseInbox(BasePermission):
         return bool(
             user and (user.has_perm("durableruns.decide_approval") or user.has_perm("durableruns.decide_escalation"))
         )
+
+
+class CanActInBulk(_ModelPermission):
+    """A bulk act needs, before its body is read, one of the acts' permissions; the act it names then needs its
+    own (api.bulks checks that once the action is read)."""
+
+    perms = ("durableruns.cancel_run", "durableruns.retry_run", "durableruns.restart_run")
+    message = "A bulk act needs the permission of its act: durableruns.cancel_run, retry_run or restart_run."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if request.method not in self.methods:
+            return True
+        return bool(request.user and any(request.user.has_perm(perm) for perm in self.perms))

@@ -9,6 +9,7 @@ from rest_framework import serializers
 from durableruns.api.fields import (
     ESCALATION_STATES,
     OUTCOMES,
+    BulkActionField,
     JSONObjectField,
     RunStatusField,
     StorableJSONField,
@@ -157,3 +158,62 @@ class EscalationFilterSerializer(serializers.Serializer):
     """Query parameters of GET /api/escalations/."""
 
     state = serializers.ChoiceField(choices=ESCALATION_STATES, default="open", required=False)
+
+
+class BulkRequestSerializer(serializers.Serializer):
+    """POST /api/runs/bulk/: one act for every run a filter of GET /api/runs/ matches, and why."""
+
+    action = BulkActionField(help_text="The act: each needs the single act's permission.")
+    filter = JSONObjectField(
+        help_text="The query parameters of GET /api/runs/ as an object (status, workflow, run_id, effect_key, "
+        "waiting_for, attr: a list of name:value, or one); at least one, none unknown. The runs it matches now "
+        "(in your scope) are the bulk's, each checked again when acted on."
+    )
+    note = serializers.CharField(help_text="Why: recorded on each run's staff act. Required.")
+    from_step = serializers.CharField(
+        max_length=200, required=False, help_text="With restart (required there): the step to restart each run from."
+    )
+
+    def validate_filter(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("the filter must be an object of GET /api/runs/'s query parameters")
+        known = RunFilterSerializer().fields
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise serializers.ValidationError(
+                f"unknown filter {', '.join(map(repr, unknown))}: GET /api/runs/ takes {', '.join(known)}"
+            )
+        data = dict(value)
+        if isinstance(data.get("attr"), str):
+            data["attr"] = [data["attr"]]
+        parsed = RunFilterSerializer(data=data)
+        if not parsed.is_valid():
+            raise serializers.ValidationError(parsed.errors)
+        filters = {name: given for name, given in parsed.validated_data.items() if given}
+        if not filters:
+            raise serializers.ValidationError("give at least one filter: a bulk act on every run is never implied")
+        return filters
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["action"] == "restart" and not attrs.get("from_step"):
+            raise serializers.ValidationError({"from_step": "a restart needs from_step: the step to restart from"})
+        if attrs["action"] != "restart" and "from_step" in attrs:
+            raise serializers.ValidationError({"from_step": f"from_step goes only with restart, not {attrs['action']}"})
+        return attrs
+
+
+class BulkStartedSerializer(serializers.Serializer):
+    bulk_id = serializers.CharField(help_text="GET /api/runs/bulk/{bulk_id}/ says how far it is.")
+    total = serializers.IntegerField(help_text="How many runs matched, frozen now.")
+
+
+class BulkFailedSerializer(serializers.Serializer):
+    run_id = serializers.CharField()
+    reason = serializers.CharField(help_text="Why it was skipped: it no longer fitted the filter or the act.")
+
+
+class BulkProgressSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=[("running", "running"), ("finished", "finished")])
+    total = serializers.IntegerField()
+    done = serializers.IntegerField(help_text="Runs taken so far: acted on, or skipped (listed in failed).")
+    failed = BulkFailedSerializer(many=True)

@@ -15,7 +15,7 @@ from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularAPIView
 
 from durableruns import conf
-from durableruns.api import inbox, streams, views
+from durableruns.api import bulks, inbox, streams, views
 from durableruns.version import __version__
 
 
@@ -82,6 +82,9 @@ app_name = "durableruns-api"
 
 urlpatterns: list[URLPattern] = [
     path("runs/", views.RunList.as_view(), name="run-list"),
+    # before the run's own paths: "bulk" is the bulk acts' (a run whose id begins "bulk/" is not read through here)
+    path("runs/bulk/", bulks.StartBulk.as_view(), name="run-bulk"),
+    path("runs/bulk/<str:bulk_id>/", bulks.BulkProgress.as_view(), name="run-bulk-progress"),
     # before the detail: a run_id may contain "/", so the detail's pattern would match these paths too
     path("runs/<run_id:run_id>/cancel/", views.CancelRun.as_view(), name="run-cancel"),
     path("runs/<run_id:run_id>/retry/", views.RetryRun.as_view(), name="run-retry"),

@@ -206,20 +206,7 @@ class RunList(DurableRunsAPIView, generics.ListCreateAPIView):
         return ("-created_at", "-run_id")
 
     def filter_queryset(self, queryset: RunStateQuerySet) -> RunStateQuerySet:
-        filters = parse(s.RunFilterSerializer, self.request.query_params)
-        if filters.get("status"):
-            queryset = queryset.filter(status=filters["status"])
-        if filters.get("workflow"):
-            queryset = queryset.filter(workflow=filters["workflow"])
-        if filters.get("run_id"):
-            queryset = queryset.filter(pk=filters["run_id"])
-        if filters.get("effect_key"):
-            queryset = queryset.having_effect_key(filters["effect_key"])
-        if filters.get("waiting_for"):
-            queryset = queryset.waiting_for(filters["waiting_for"])
-        if filters.get("attr"):
-            queryset = services.with_attributes(queryset, filters["attr"])
-        return queryset
+        return queryset.matching(parse(s.RunFilterSerializer, self.request.query_params))
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = parse(s.StartRunSerializer, request.data)

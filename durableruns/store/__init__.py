@@ -27,6 +27,8 @@ public names. One module a concept, each below the ones that use it:
     rates        take_turn, turn_of, waiting_turns: a step's rate limit (its turn, or the time it waits for)
     schedules    schedule_marks, start_slots
     marks        alert marks, a worker's presence, measuring's scratch runs, delete_runs (retention)
+    bulks        create_bulk, act_on_pending, bulk_progress: a bulk act's items, frozen by one INSERT ... SELECT and
+                 each acted on in the commit that marks it done (used by durableruns.bulks; not re-exported)
     deadlines    end_at_deadline (a system act, as a staff cancel), overdue_of, unclaimable_overdue, and the
                  alerts' marks of the runs a deadline ended (ended_at_deadline_unmailed, take_deadline_alert_mark)
 

@@ -74,3 +74,18 @@ def test_the_pages_that_only_read_work_too(as_operator: Client):
     escalated("run-d")
     assert as_operator.get(QUEUE).status_code == 200 and as_operator.get(RUNS).status_code == 200
     assert as_operator.get(f"{RUNS}run-d/change/").context["sentence"]
+
+
+def test_bulk_acts_are_recorded_under_atomic_requests(as_operator: Client):
+    from durableruns.bulk_models import Bulk
+
+    run_id = failed()
+    escalation = escalated()
+    retried = as_operator.post(RUNS, {"action": "retry_runs", "_selected_action": [run_id], "select_across": "1",
+                                      "post": "yes", "note": "carrier is back"})
+    assert retried.status_code == 302
+    decided = as_operator.post(QUEUE, {"action": "decide_in_bulk", "_selected_action": [escalation.pk],
+                                       "post": "yes", "outcome": "abandon", "note": "nobody will check"})
+    assert decided.status_code == 302
+    # "select all": every run listed, the escalated one too (the workers skip it: it waits for a decision)
+    assert sorted(Bulk.objects.values_list("action", "total")) == [("decide", 1), ("retry", 2)]

@@ -11,6 +11,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
+from durableruns import bulks
 from durableruns.api import streams
 from durableruns.models import RunState
 from durableruns.registry import workflows
@@ -35,10 +36,12 @@ OPERATIONS = {
     ("GET", "/api/inbox/"),
     ("POST", "/api/inbox/{id}/claim/"),
     ("POST", "/api/inbox/{id}/release/"),
+    ("POST", "/api/runs/bulk/"),
+    ("GET", "/api/runs/bulk/{bulk_id}/"),
 }
 EXAMPLES = 30  # per operation and pass: about 330 requests
 # Its only input is a free-form string in the path: every value is valid, so there is no invalid request to make.
-NOTHING_TO_NEGATE = {"GET /api/runs/{run_id}/"}
+NOTHING_TO_NEGATE = {"GET /api/runs/{run_id}/", "GET /api/runs/bulk/{bulk_id}/"}
 
 
 def test_the_schema_is_served_to_signed_in_callers_and_names_every_operation(anonymous, client_for, reader):
@@ -76,6 +79,7 @@ def test_fuzzing_every_operation_finds_no_server_error(superuser, monkeypatch):
     escalation = escalated_run(run_id="po-2")
     ended = make_run(run_id="po-3")
     RunState.objects.filter(pk=ended).update(status="completed")
+    bulk_id, _ = bulks.start_bulk("cancel", {"run_id": "po-1"}, by=superuser, note="fuzzed")
     monkeypatch.setattr(streams, "STREAM_SECONDS", 0.5)  # a stream of a run that goes on ends soon all the same
     token = Token.objects.create(user=superuser)
     schema = schemathesis.openapi.from_wsgi(
@@ -89,6 +93,7 @@ def test_fuzzing_every_operation_finds_no_server_error(superuser, monkeypatch):
         "/api/runs/{run_id}/": {"run_id": "po-2"},
         "/api/escalations/{id}/decide/": {"id": escalation.pk},
         "/api/runs/{run_id}/events-stream/": {"run_id": "po-3"},
+        "/api/runs/bulk/{bulk_id}/": {"bulk_id": bulk_id},
     }
     statuses: dict[str, set[int]] = {}
 
@@ -123,4 +128,5 @@ def test_fuzzing_every_operation_finds_no_server_error(superuser, monkeypatch):
     assert 200 in statuses["GET /api/runs/{run_id}/"] and 200 in statuses["GET /api/escalations/"]
     assert {200, 409} <= statuses["POST /api/escalations/{id}/decide/"]  # decided once, then refused
     assert 200 in statuses["GET /api/runs/{run_id}/events-stream/"]
+    assert 200 in statuses["GET /api/runs/bulk/{bulk_id}/"] and 400 in statuses["POST /api/runs/bulk/"]
     assert RunState.objects.count() > 2
