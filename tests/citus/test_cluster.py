@@ -101,3 +101,20 @@ def test_the_runs_land_on_both_workers_and_a_worker_process_finds_them_all(worke
     done = workers.run("--once", timeout=120)
     assert done.returncode == 0, done.stderr
     assert RunState.objects.filter(pk__in=runs, status="completed").count() == 20
+
+
+def test_an_idle_worker_listens_on_the_coordinator_and_a_start_or_an_event_wakes_it(workers: Workers, far: Any) -> None:
+    """LISTEN works through the coordinator: with a 30 s poll, a new run and an event are each worked at once."""
+    worker = workers.start("--loop", "--interval", "30", "--concurrency", "2")
+    wait_until(
+        lambda: bool(query("SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN durableruns_due'")),
+        what="the worker to listen",
+    )
+    durableruns.start("waiting", {"total": 5, "cool_off": 0.1}, run_id="woken")
+    wait_until(lambda: RunState.objects.get(pk="woken").status == "waiting", timeout=10, what="the run to be worked")
+    durableruns.send("woken", "supplier_confirmed", {"ref": "x"})
+    wait_until(lambda: RunState.objects.get(pk="woken").status == "completed", timeout=10, what="the event's wake")
+    worker.terminate()
+    out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert "listening on durableruns_due" in out
