@@ -124,6 +124,12 @@ def distribute(using: str) -> Layout:
             cursor.execute("SET citus.enable_unsafe_triggers = on")
             for trigger in DROPPED_TRIGGERS:
                 cursor.execute(f"DROP TRIGGER IF EXISTS {trigger} ON run_state")
+            # A transaction that writes a reference table after a multi-shard statement (a prune's batch, Django
+            # deleting runs with their escalations) must run over one connection per node: the database's default.
+            cursor.execute(
+                "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET citus.multi_shard_modify_mode = %L', "
+                "current_database(), 'sequential'); END $$"
+            )
             for index in _DROPPED_INDEXES:
                 cursor.execute(f"DROP INDEX IF EXISTS {index}")
             # Django names its foreign keys by a hash: find those from the reference tables to run_state.

@@ -63,6 +63,9 @@ def delete_runs(ids: list[str], *, finished: tuple[str, ...] = ()) -> dict[str, 
     deleted = {}
     if finished:
         with connections[conf.database()].cursor() as cursor:
+            # The reference tables (escalations, decisions) are written after a multi-shard statement in this
+            # transaction, which Citus allows only over one connection per node.
+            cursor.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
             cursor.execute(f"DELETE FROM {RunState._meta.db_table} WHERE run_id = ANY(%s) AND status = ANY(%s) "
                            "RETURNING run_id", [ids, list(finished)])
             ids = [run_id for (run_id,) in cursor.fetchall()]
