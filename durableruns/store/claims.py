@@ -440,7 +440,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
     """
     if run_id is None and on_postgresql() and is_distributed(conf.database()):
         return _spread_claim(owner=owner, lease_seconds=lease_seconds, clock=clock, first_steps=first_steps,
-                             hints=hints, queues=queues, skip=skip)
+                             hints=hints, queues=queues, skip=skip, before_first_intent=before_first_intent)
     if run_id is None and fast():
         times = {"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)}
         bounds = limits_json()
@@ -518,11 +518,13 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
 
 
 def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps: FirstSteps, hints: bool,
-                  queues: tuple[str, ...], skip: Collection[str]) -> Claimed | None:
+                  queues: tuple[str, ...], skip: Collection[str],
+                  before_first_intent: Callable[[str], None] | None) -> Claimed | None:
     """The claim on a record distributed by Citus (store.spread): no concurrency limits there (docs/citus.md)."""
     db = connections[conf.database()]
     found = spread.claim(owner=owner, shift=clock.shift, lease=timedelta(seconds=lease_seconds),
-                         first_steps=_first_steps_json(first_steps), queues=queues, skip=skip, hints=hints)
+                         first_steps=_first_steps_json(first_steps), queues=queues, skip=skip, hints=hints,
+                         before_commit=before_first_intent)
     setattr(db, _PARKED_ATTRIBUTE, None)
     setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), found.next_due_seconds) if hints and not found.taken
             else None)

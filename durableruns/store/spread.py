@@ -20,7 +20,7 @@ which a concurrent claimer may take first: then the next is tried.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -94,8 +94,11 @@ def _now(cursor: Any, shift: timedelta) -> datetime:
 
 
 def claim(*, owner: str, shift: timedelta, lease: timedelta, first_steps: str, queues: tuple[str, ...] = (),
-          skip: Collection[str] = (), hints: bool = False) -> Pass:
-    """Take the first due run in the claim's order that no other worker holds (the module's docstring)."""
+          skip: Collection[str] = (), hints: bool = False,
+          before_commit: Callable[[str], None] | None = None) -> Pass:
+    """Take the first due run in the claim's order that no other worker holds (the module's docstring).
+    `before_commit(step)` (fault injection) is called with the transaction still open when a first intent rode
+    on the claim, as the single-node claim calls it."""
     using = conf.database()
     queue_filter = "\n   AND queue = ANY(%(queues)s::text[])" if queues else ""
     skip_filter = "\n   AND run_id <> ALL(%(skip)s::text[])" if skip else ""
@@ -107,7 +110,7 @@ def claim(*, owner: str, shift: timedelta, lease: timedelta, first_steps: str, q
         candidates = [row[0] for row in cursor.fetchall()]
     firsts = {(f["workflow"], f["fingerprint"]): f["step"] for f in json.loads(first_steps)}
     for index, run_id in enumerate(candidates):
-        taken = _take(using, run_id, params | {"run": run_id}, shift, queue_filter, firsts)
+        taken = _take(using, run_id, params | {"run": run_id}, shift, queue_filter, firsts, before_commit)
         if taken is not None:
             return Pass(taken=taken, more_due=index + 1 < len(candidates), next_due_seconds=None)
     next_due = None
@@ -121,7 +124,7 @@ def claim(*, owner: str, shift: timedelta, lease: timedelta, first_steps: str, q
 
 
 def _take(using: str, run_id: str, params: dict[str, Any], shift: timedelta, queue_filter: str,
-          firsts: dict[tuple[str, str], str]) -> Taken | None:
+          firsts: dict[tuple[str, str], str], before_commit: Callable[[str], None] | None) -> Taken | None:
     """Lock, take and read one run, and record its first intent if fresh: one transaction on its shard."""
     with transaction.atomic(using=using, durable=True), connections[using].cursor() as cursor:
         params = params | {"now": _now(cursor, shift)}
@@ -139,6 +142,8 @@ def _take(using: str, run_id: str, params: dict[str, Any], shift: timedelta, que
         if step is not None:
             key = f"{key_run_id or run}:{step}"
             cursor.execute(_FIRST_INTENT, params | {"step": step, "key": key, "epoch": epoch})
+            if before_commit is not None:
+                before_commit(step)
         return Taken(run_id=run, epoch=epoch, workflow=workflow, plan_fingerprint=fingerprint, input=payload,
                      attempts=attempts, first_step=step, first_key=key, ending=ending or "",
                      trace_context=trace, key_run_id=key_run_id,
