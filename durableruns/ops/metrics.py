@@ -136,14 +136,14 @@ def runs_by_status() -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], 
     every node in parallel, and the counter of finishes is the finished runs present (a prune lowers it)."""
     alias = RunState.objects.db
     if is_distributed(alias):
-        present = {
+        counted = {
             (w, s): int(n)
             for w, s, n in RunState.objects.order_by()
             .values("workflow", "status")
             .annotate(n=Count("pk"))
             .values_list("workflow", "status", "n")
         }
-        return present, {key: n for key, n in present.items() if key[1] in FINISHED_STATUSES}
+        return counted, {key: n for key, n in counted.items() if key[1] in FINISHED_STATUSES}
     counted_present = connections[alias].vendor == "postgresql"
     kept = RunState.objects.order_by()
     if counted_present:
