@@ -59,9 +59,9 @@ def main(argv: list[str]) -> int:
                 print(done.stdout, done.stderr, file=sys.stderr)
                 return done.returncode
         print(f"Citus cluster ready in {time.monotonic() - started:.1f} s: {cluster.url}", flush=True)
-        tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *(argv or DEFAULT)], cwd=ROOT, env=env
-        )
+        # Options alone (bin/test's -q --basetemp=...) run the default selection with them.
+        chosen = argv if any(not a.startswith("-") for a in argv) else [*DEFAULT, *argv]
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *chosen], cwd=ROOT, env=env)
     print(f"(the Citus lane took {time.monotonic() - started:.0f} s)", flush=True)
     return tests.returncode
 
