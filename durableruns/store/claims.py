@@ -522,9 +522,17 @@ def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps
                   before_first_intent: Callable[[str], None] | None) -> Claimed | None:
     """The claim on a record distributed by Citus (store.spread): no concurrency limits there (docs/citus.md)."""
     db = connections[conf.database()]
-    found = spread.claim(owner=owner, shift=clock.shift, lease=timedelta(seconds=lease_seconds),
-                         first_steps=_first_steps_json(first_steps), queues=queues, skip=skip, hints=hints,
-                         before_commit=before_first_intent)
+    lease = timedelta(seconds=lease_seconds)
+    try:
+        found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=_first_steps_json(first_steps),
+                             queues=queues, skip=skip, hints=hints, before_commit=before_first_intent)
+    except (DataError, IntegrityError):
+        if not first_steps:
+            raise
+        # The database refused the first intent riding on the claim (as in _claim): nothing was taken; claim again
+        # without it, so the engine records the intent on its own and only that run's turn ends.
+        found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=_first_steps_json(()),
+                             queues=queues, skip=skip, hints=hints, before_commit=before_first_intent)
     setattr(db, _PARKED_ATTRIBUTE, None)
     setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), found.next_due_seconds) if hints and not found.taken
             else None)

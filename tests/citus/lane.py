@@ -34,6 +34,7 @@ DEFAULT = [
     "tests/integration/test_holdings.py",
     "tests/integration/test_attributes.py",
     "tests/integration/test_commands.py",
+    "tests/integration/test_deployed.py",
     "tests/faults/test_crash_matrix.py::test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice",
     # Two that fail on a cluster (docs/citus.md, "What the test lane showed"): a parent woken by its two last
     # children ending at once, and a child recorded while its parent is being cancelled (it times the lock waits
