@@ -34,7 +34,7 @@ from django.db import connections
 
 # Distributed by run_id, co-located with run_state, in this order (run_state first: the others name it).
 RUN_TABLES = ("run_state", "run_step", "run_event", "run_attribute")
-REFERENCE_TABLES = ("run_plan", "run_escalation", "run_intervention")
+REFERENCE_TABLES = ("run_plan", "run_escalation", "run_intervention", "run_inbox_item")
 # Plain tables on the coordinator: written outside any run's fenced commit.
 COORDINATOR_TABLES = ("run_count", "run_worker", "run_schedule", "run_rate_turn")
 
@@ -120,6 +120,12 @@ def distribute(using: str) -> Layout:
     known = distributed_tables(using)
     moves: list[str] = []
     with connection.cursor() as cursor:
+        # The people's work items (run_inbox_item), where a release's migrations made them: beside the escalations
+        # they point at. A table a release does not have is left out.
+        cursor.execute(
+            "SELECT t FROM unnest(%s::text[]) AS t WHERE to_regclass(t) IS NOT NULL", [list(REFERENCE_TABLES)]
+        )
+        references = [t for (t,) in cursor.fetchall()]
         if known.get("run_state") is None:
             cursor.execute("SET citus.enable_unsafe_triggers = on")
             for trigger in DROPPED_TRIGGERS:
@@ -144,7 +150,7 @@ def distribute(using: str) -> Layout:
                 cursor.execute(
                     f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_pkey, ADD PRIMARY KEY (run_id, id)"
                 )
-        for table in REFERENCE_TABLES:
+        for table in references:
             if table not in known:
                 cursor.execute("SELECT create_reference_table(%s)", [table])
                 moves.append(f"{table}: reference table (a copy on every node)")
