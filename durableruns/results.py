@@ -22,6 +22,7 @@ from django.db import connections
 
 from durableruns import conf, store
 from durableruns.boundary import compute_boundary
+from durableruns.distribution import is_distributed
 from durableruns.errors import RunCancelled, RunFailed, RunNotFound
 from durableruns.models import RunState, RunStatus, RunStep
 
@@ -36,7 +37,9 @@ def wait_for_result(run_id: str, *, timeout: float | None = None) -> dict[str, A
     RunFailed or RunCancelled (with the run's reason) if it ended otherwise; RunNotFound if no run has that id;
     TimeoutError if it has not ended after `timeout` seconds (None: wait for as long as it takes)."""
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-    if connections[RunState.objects.db].vendor == "postgresql":
+    alias = RunState.objects.db
+    # On Citus the trigger that announces ends is gone (durableruns.distribution): poll, as on SQLite.
+    if connections[alias].vendor == "postgresql" and not is_distributed(alias):
         with _hearing_ends(run_id) as pause:
             return _wait(run_id, deadline, timeout, pause, RECHECK_SECONDS)
     return _wait(run_id, deadline, timeout, time.sleep, POLL_SECONDS)

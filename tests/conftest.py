@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from glob import glob
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -54,6 +55,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(reason)
+
+
+# The Citus lane (python -m tests.citus.lane): DATABASE_URL names the coordinator of a private cluster whose
+# database was migrated and laid out by distribute_runs before pytest started. Citus knows its nodes per database,
+# so the tests use that database as it is rather than a test database made beside it (which would hold no
+# distributed table); transactional tests empty it after each test, as they empty the test database elsewhere.
+CITUS_LANE = os.environ.get("DURABLERUNS_TEST_CITUS") == "1"
+
+if CITUS_LANE:
+
+    @pytest.fixture(scope="session")
+    def django_db_setup(django_db_blocker: Any) -> None:
+        from durableruns.distribution import is_distributed
+
+        with django_db_blocker.unblock():
+            assert is_distributed("default"), "DURABLERUNS_TEST_CITUS=1 needs a record laid out by distribute_runs"
 
 
 @pytest.fixture

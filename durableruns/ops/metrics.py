@@ -36,6 +36,7 @@ from django.db.models import BigIntegerField, Count, Min, Sum, Value
 from django.http import HttpRequest, HttpResponse
 
 from durableruns.clock import Clock
+from durableruns.distribution import is_distributed
 from durableruns.models import Escalation, RunCount, RunState, RunStatus, RunStep, StepStatus
 from durableruns.ops.health import stop_kind
 
@@ -121,14 +122,29 @@ def record_families(clock: Clock | None = None) -> list[Any]:
     return [runs, finished, doubt, doubt_age, escalations, escalation_age, stopped, stopped_age]
 
 
+FINISHED_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
 def runs_by_status() -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
     """Runs present by (workflow, status), exact, and times runs entered each finished status: one statement,
     so one snapshot (a run finishing meanwhile is counted once, in the status either side of its commit).
 
     On PostgreSQL the unfinished runs are counted through run_state_unfinished_plan_idx and the finished ones
     read from run_count, whose triggers keep them in the commit of each change: a few rows, whatever the
-    history kept. Elsewhere (SQLite) run_state is counted whole and run_count gives the counter only."""
-    counted_present = connections[RunState.objects.db].vendor == "postgresql"
+    history kept. Elsewhere (SQLite) run_state is counted whole and run_count gives the counter only. On a record
+    distributed by Citus (durableruns.distribution) run_count's triggers are gone: run_state is counted whole, on
+    every node in parallel, and the counter of finishes is the finished runs present (a prune lowers it)."""
+    alias = RunState.objects.db
+    if is_distributed(alias):
+        counted = {
+            (w, s): int(n)
+            for w, s, n in RunState.objects.order_by()
+            .values("workflow", "status")
+            .annotate(n=Count("pk"))
+            .values_list("workflow", "status", "n")
+        }
+        return counted, {key: n for key, n in counted.items() if key[1] in FINISHED_STATUSES}
+    counted_present = connections[alias].vendor == "postgresql"
     kept = RunState.objects.order_by()
     if counted_present:
         kept = kept.unfinished()

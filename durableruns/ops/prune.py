@@ -29,6 +29,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from durableruns import conf, store
 from durableruns.clock import Clock
+from durableruns.distribution import is_distributed
 from durableruns.errors import InvalidInput
 from durableruns.models import Escalation, Intervention, RunAttribute, RunState, RunStatus, RunStep
 
@@ -111,10 +112,12 @@ def prune(
     selection = prunable(cutoff=report.cutoff, evidence_cutoff=report.evidence_cutoff, statuses=statuses)
     began = time.monotonic()
     after = ""
+    # On Citus a batch spread over the shards cannot be locked by one SELECT: the delete re-checks instead.
+    spread = statuses if is_distributed(conf.database()) else ()
     while True:
         with transaction.atomic(using=conf.database(), durable=True):
             batch = selection.filter(pk__gt=after).order_by("pk")
-            if not dry_run:
+            if not dry_run and not spread:
                 batch = batch.select_for_update(skip_locked=True, of=("self",))
             rows = list(batch.values_list("pk", "status")[:batch_size])
             if not rows:
@@ -127,7 +130,7 @@ def prune(
             else:
                 if archive is not None:
                     _archive(archive, ids)
-                for counter, deleted in store.delete_runs(ids).items():
+                for counter, deleted in store.delete_runs(ids, finished=spread).items():
                     if counter != "runs":
                         setattr(report, counter, getattr(report, counter) + deleted)
             for _, status in rows:

@@ -19,6 +19,7 @@ from django.db import connections
 from durableruns import conf
 from durableruns.boundary import StepAttempt
 from durableruns.clock import Clock
+from durableruns.distribution import is_distributed
 from durableruns.errors import FencedOut
 from durableruns.models import RunState, RunStatus, RunStep, StepStatus
 from durableruns.store.sql import notify_workers
@@ -82,13 +83,17 @@ def wake_workers() -> None:
 
 
 def fast() -> bool:
-    """Use the one-statement PostgreSQL path; a statement outside any transaction is its own commit."""
+    """Use the one-statement PostgreSQL path; a statement outside any transaction is its own commit.
+
+    Not on a record distributed by Citus (durableruns.distribution): several of those statements reach beyond the
+    run they fence (a parent's wake, a key's parked runs), which Citus cannot route to one shard; there each fact
+    is the ORM's transaction of statements that each name the run, all on the run's shard, one commit there."""
     db = connections[conf.database()]  # one lookup of this thread's connection, not one per attribute
     if db.vendor != "postgresql":
         return False
     if db.in_atomic_block:
         raise RuntimeError("durableruns records each fact in its own transaction: call it outside atomic()")
-    return True
+    return not is_distributed(conf.database())
 
 
 def lease_times(lease: Lease, clock: Clock) -> dict[str, timedelta]:

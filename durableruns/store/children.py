@@ -13,6 +13,7 @@ from django.db.models import Exists, OuterRef
 
 from durableruns import conf, signals
 from durableruns.clock import Clock
+from durableruns.distribution import is_distributed
 from durableruns.encoding import to_json
 from durableruns.errors import InvalidInput
 from durableruns.models import RunState, RunStatus
@@ -118,6 +119,11 @@ def wake_parent(run_id: str, clock: Clock) -> None:
     parent = RunState.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
     if parent is None:
         return
+    if is_distributed(conf.database()):
+        # On Citus the parent may be on another node: waking it here would make the child's end a two-phase
+        # commit. It is woken after the commit, in a transaction on its own shard (wake_parent_after).
+        transaction.on_commit(functools.partial(wake_parent_after, parent, clock), robust=True)
+        return
     if RunState.objects.filter(parent_id=parent).exclude(pk=run_id).unfinished().exists():
         transaction.on_commit(functools.partial(wake_parent_after, parent, clock), robust=True)
         return
@@ -128,7 +134,16 @@ def wake_parent(run_id: str, clock: Clock) -> None:
 def wake_parent_after(parent: str, clock: Clock) -> None:
     """After a child's end committed: one statement that makes the parent due if it waits and none of its
     children may still move. Its snapshot is taken after that commit; if the parent's own wait holds its row,
-    the update waits for it and then finds it waiting."""
+    the update waits for it and then finds it waiting.
+
+    On Citus (durableruns.distribution) the children may be on every node: they are read first, across the
+    shards, after that commit, and the parent is updated on its own shard if none may still move."""
+    if is_distributed(conf.database()):
+        if RunState.objects.filter(parent_id=parent, status__in=UNFINISHED).exists():
+            return
+        if RunState.objects.filter(pk=parent, status=RunStatus.WAITING).update(wake_at=clock.expression()):
+            wake_workers()
+        return
     woke = RunState.objects.filter(pk=parent, status=RunStatus.WAITING).exclude(
         Exists(RunState.objects.filter(parent_id=OuterRef("pk"), status__in=UNFINISHED))
     ).update(wake_at=clock.expression())

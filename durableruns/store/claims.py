@@ -17,9 +17,11 @@ from django.db.models import F
 from durableruns import conf
 from durableruns.boundary import StepAttempt
 from durableruns.clock import Clock, on_postgresql
+from durableruns.distribution import is_distributed
 from durableruns.limits import PARKED
 from durableruns.models import RunState, RunStatus
 from durableruns.registry import FirstSteps, generation, get_workflow, limits
+from durableruns.store import spread
 from durableruns.store.base import DATABASE, Claimed, Intent, Lease, decoded, fast
 from durableruns.store.runs import reopen_runnable
 from durableruns.store.sql import Times, hot_path
@@ -436,6 +438,9 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
     each later step's intent rides on the result before it. `before_first_intent(step)` runs before that commit
     (fault injection). A claim of a named `run_id`, or on another database, records no intent.
     """
+    if run_id is None and on_postgresql() and is_distributed(conf.database()):
+        return _spread_claim(owner=owner, lease_seconds=lease_seconds, clock=clock, first_steps=first_steps,
+                             hints=hints, queues=queues, skip=skip, before_first_intent=before_first_intent)
     if run_id is None and fast():
         times = {"shift": clock.shift, "lease": timedelta(seconds=lease_seconds)}
         bounds = limits_json()
@@ -510,6 +515,39 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         key_run_id=row["key_run_id"],
         overdue=row["deadline_at"] is not None and row["deadline_at"] <= clock.now(),
     )
+
+
+def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps: FirstSteps, hints: bool,
+                  queues: tuple[str, ...], skip: Collection[str],
+                  before_first_intent: Callable[[str], None] | None) -> Claimed | None:
+    """The claim on a record distributed by Citus (store.spread): no concurrency limits there (docs/citus.md)."""
+    db = connections[conf.database()]
+    lease = timedelta(seconds=lease_seconds)
+    try:
+        found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=_first_steps_json(first_steps),
+                             queues=queues, skip=skip, hints=hints, before_commit=before_first_intent)
+    except (DataError, IntegrityError):
+        if not first_steps:
+            raise
+        # The database refused the first intent riding on the claim (as in _claim): nothing was taken; claim again
+        # without it, so the engine records the intent on its own and only that run's turn ends.
+        found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=_first_steps_json(()),
+                             queues=queues, skip=skip, hints=hints, before_commit=before_first_intent)
+    setattr(db, _PARKED_ATTRIBUTE, None)
+    setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), found.next_due_seconds) if hints and not found.taken
+            else None)
+    setattr(db, _MORE_DUE_ATTRIBUTE, found.more_due if hints and found.taken else None)
+    taken = found.taken
+    if taken is None:
+        return None
+    first = None if taken.first_step is None else Intent(step=taken.first_step, attempt=1,
+                                                         effect_key=str(taken.first_key), cursor=0)
+    attempts = [StepAttempt(**{**a, "progress": decoded(a["progress"]) or {}, "result": decoded(a["result"])})
+                for a in taken.attempts]
+    return Claimed(lease=Lease(run_id=taken.run_id, owner=owner, epoch=taken.epoch, seconds=lease_seconds),
+                   workflow=taken.workflow, plan_fingerprint=taken.plan_fingerprint,
+                   input=decoded(taken.input) or {}, attempts=attempts, first_intent=first, ending=taken.ending,
+                   trace_context=decoded(taken.trace_context), key_run_id=taken.key_run_id, overdue=taken.overdue)
 
 
 def _admitted(row: dict[str, Any], clock: Clock) -> bool:

@@ -62,14 +62,31 @@ _RUN_TABLES = (
 )
 
 
-def delete_runs(ids: list[str]) -> dict[str, int]:
+def delete_runs(ids: list[str], *, finished: tuple[str, ...] = ()) -> dict[str, int]:
     """Delete the runs `ids` (locked by the caller's transaction) and what hangs on them, by primary key list:
     plain DELETEs, not Django's collector, which would first read every row (inputs and results included).
-    Return how many rows went from each: inbox items, interventions, escalations, attempts, attributes, runs."""
-    placeholders = ", ".join(["%s"] * len(ids))
+    Return how many rows went from each: inbox items, interventions, escalations, attempts, attributes, runs.
+
+    With `finished` (a record distributed by Citus, where the caller cannot lock a batch spread over the shards),
+    the runs still in one of those statuses are deleted first, their row locks taken by that DELETE (a run
+    reopened meanwhile stays, with everything of its), and then what hangs on the runs deleted."""
     deleted = {}
+    if finished:
+        with connections[conf.database()].cursor() as cursor:
+            # The reference tables (escalations, decisions) are written after a multi-shard statement in this
+            # transaction, which Citus allows only over one connection per node.
+            cursor.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+            cursor.execute(f"DELETE FROM {RunState._meta.db_table} WHERE run_id = ANY(%s) AND status = ANY(%s) "
+                           "RETURNING run_id", [ids, list(finished)])
+            ids = [run_id for (run_id,) in cursor.fetchall()]
+            deleted["runs"] = len(ids)
+        if not ids:
+            return {counter: 0 for counter, _ in _RUN_TABLES}
+    placeholders = ", ".join(["%s"] * len(ids))
     with connections[conf.database()].cursor() as cursor:
         for counter, table in _RUN_TABLES:
+            if counter in deleted:
+                continue
             # The table names are the models' own (above), never input; the ids go as parameters.
             cursor.execute(f"DELETE FROM {table} WHERE run_id IN ({placeholders})", ids)
             deleted[counter] = cursor.rowcount

@@ -8,6 +8,7 @@ from django.db import connections, transaction
 
 from durableruns import conf
 from durableruns.clock import Clock
+from durableruns.distribution import is_distributed
 from durableruns.errors import UnknownWorkflow
 from durableruns.models import RunPlan
 from durableruns.plans import Plan
@@ -32,11 +33,16 @@ def record_plan(plan: Plan, *, clock: Clock = DATABASE) -> None:
     the process remembers it only once that commits (a rolled-back start leaves no plan behind)."""
     if plan.fingerprint in _recorded:
         return
+    alias = conf.database()
+    # On Citus run_plan is a reference table: any write to it, even one that conflicts and writes nothing, is a
+    # two-phase commit over every node, so a plan already there is read (on this node) instead.
+    if is_distributed(alias) and RunPlan.objects.filter(pk=plan.fingerprint).exists():
+        _recorded.add(plan.fingerprint)
+        return
     RunPlan.objects.bulk_create(
         [RunPlan(fingerprint=plan.fingerprint, workflow=plan.workflow, steps=[list(s) for s in plan.steps],
                  first_seen=clock.expression())],
         ignore_conflicts=True)
-    alias = conf.database()
     if connections[alias].in_atomic_block:
         transaction.on_commit(lambda: _recorded.add(plan.fingerprint), using=alias)
     else:

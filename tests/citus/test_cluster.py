@@ -1,0 +1,120 @@
+"""The record on a Citus cluster (the Citus lane, tests/citus/lane.py): its layout, and the hot path committed
+on one node at a time (no two-phase commit), read from Citus's own record of distributed transactions."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+import durableruns
+from durableruns.models import RunState, RunStep
+from tests.conftest import Workers, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+
+
+def query(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def two_phase_commits() -> int:
+    """The two-phase commits the coordinator has made (the cluster keeps their records: tests/citus/cluster.py)."""
+    return int(query("SELECT count(*) FROM pg_dist_transaction")[0][0])
+
+
+def test_the_run_tables_are_colocated_by_run_id_and_the_plans_are_a_reference_table() -> None:
+    rows = query(
+        "SELECT logicalrelid::regclass::text, partmethod, colocationid, "
+        "column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition "
+        "WHERE logicalrelid::regclass::text LIKE 'run%%'"
+    )
+    layout = {name: (method, group, column) for name, method, group, column in rows}
+    groups = {layout[t][1] for t in ("run_state", "run_step", "run_event", "run_attribute")}
+    assert len(groups) == 1, layout
+    for table in ("run_state", "run_step", "run_event", "run_attribute"):
+        assert layout[table][0] == "h" and layout[table][2] == "run_id", layout
+    for table in ("run_plan", "run_escalation", "run_intervention"):
+        assert layout[table][0] == "n", layout
+    for table in ("run_count", "run_worker", "run_schedule", "run_rate_turn"):
+        assert table not in layout, layout
+    # the shards are on the two workers, none on the coordinator
+    placements = query(
+        "SELECT DISTINCT nodeport FROM pg_dist_shard_placement JOIN pg_dist_shard USING (shardid) "
+        "WHERE logicalrelid = 'run_state'::regclass"
+    )
+    assert len(placements) == 2
+
+
+def test_distribute_runs_twice_says_there_is_nothing_to_do() -> None:
+    out = io.StringIO()
+    call_command("distribute_runs", stdout=out)
+    assert "nothing to do" in out.getvalue()
+
+
+def test_starts_claims_intents_results_waits_and_events_make_no_two_phase_commit(workers: Workers, far: Any) -> None:
+    """Runs of the order workflow (four steps) and of the waiting one (an event, a sleep) to their end, by real
+    worker processes: every write of the hot path names one run, so each commit is one node's own."""
+    durableruns.start("order", {"extra": 0}, run_id="warm")  # the plans' first records: reference tables
+    durableruns.start("waiting", {"total": 5, "cool_off": 0.2}, run_id="warm-w")
+    before = two_phase_commits()
+    orders = [f"po-{i}" for i in range(12)]
+    for run_id in orders:
+        durableruns.start("order", {"extra": 1}, run_id=run_id)
+    waits = [f"wait-{i}" for i in range(4)]
+    for run_id in waits:
+        durableruns.start("waiting", {"total": 5, "cool_off": 0.2}, run_id=run_id)
+    done = workers.run("--once", timeout=120)
+    assert done.returncode == 0, done.stderr
+    for run_id in waits:  # each waits for its supplier's confirmation now
+        assert RunState.objects.get(pk=run_id).status == "waiting"
+        durableruns.send(run_id, "supplier_confirmed", {"ref": run_id})
+    worker = workers.start("--loop", "--concurrency", "4")
+    wait_until(
+        lambda: RunState.objects.filter(pk__in=orders + waits, status="completed").count() == 16,
+        timeout=60,
+        what="every run completed",
+    )
+    worker.terminate()
+    worker.communicate(timeout=30)
+    assert RunStep.objects.filter(run_id__in=orders).count() == 48
+    assert two_phase_commits() == before, query("SELECT gid FROM pg_dist_transaction ORDER BY gid")
+
+
+def test_the_runs_land_on_both_workers_and_a_worker_process_finds_them_all(workers: Workers, far: Any) -> None:
+    runs = [f"spread-{i}" for i in range(20)]
+    for run_id in runs:
+        durableruns.start("order", {"extra": 0}, run_id=run_id)
+    nodes = query(
+        "SELECT p.nodeport, count(*) FROM unnest(%s::text[]) AS r(run_id) "
+        "JOIN pg_dist_placement pl "
+        "ON pl.shardid = get_shard_id_for_distribution_column('run_state', r.run_id) "
+        "JOIN pg_dist_node p ON p.groupid = pl.groupid GROUP BY p.nodeport",
+        [runs],
+    )
+    assert len(nodes) == 2 and all(count > 0 for _, count in nodes), nodes
+    done = workers.run("--once", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert RunState.objects.filter(pk__in=runs, status="completed").count() == 20
+
+
+def test_an_idle_worker_listens_on_the_coordinator_and_a_start_or_an_event_wakes_it(workers: Workers, far: Any) -> None:
+    """LISTEN works through the coordinator: with a 30 s poll, a new run and an event are each worked at once."""
+    worker = workers.start("--loop", "--interval", "30", "--concurrency", "2")
+    wait_until(
+        lambda: bool(query("SELECT 1 FROM pg_stat_activity WHERE query = 'LISTEN durableruns_due'")),
+        what="the worker to listen",
+    )
+    durableruns.start("waiting", {"total": 5, "cool_off": 0.1}, run_id="woken")
+    wait_until(lambda: RunState.objects.get(pk="woken").status == "waiting", timeout=10, what="the run to be worked")
+    durableruns.send("woken", "supplier_confirmed", {"ref": "x"})
+    wait_until(lambda: RunState.objects.get(pk="woken").status == "completed", timeout=10, what="the event's wake")
+    worker.terminate()
+    out, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    assert "listening on durableruns_due" in out
