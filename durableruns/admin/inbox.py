@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils.functional import lazy
 
 from durableruns import inbox, services
+from durableruns.admin.base import ReadOnlyRecord
 from durableruns.admin.display import run_url, status_badge, when
 from durableruns.clock import Clock
 from durableruns.errors import DurableRunsError
@@ -45,7 +46,7 @@ def _may_use(request: HttpRequest) -> bool:
 
 
 @admin.register(Inbox)
-class InboxAdmin(admin.ModelAdmin):
+class InboxAdmin(ReadOnlyRecord):
     """The person's inbox: a page of its own (not a change list), the record never edited here."""
 
     def has_module_permission(self, request: HttpRequest) -> bool:
@@ -54,15 +55,6 @@ class InboxAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return _may_use(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_urls(self) -> list[Any]:
         return super().get_urls()[:1]  # the list alone: an item opens the page that decides it
@@ -116,7 +108,7 @@ class InboxAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApprovalQueue)
-class ApprovalQueueAdmin(admin.ModelAdmin):
+class ApprovalQueueAdmin(ReadOnlyRecord):
     """The approval queue's entry in the sidebar and the app index: it leads to the queue itself."""
 
     def has_module_permission(self, request: HttpRequest) -> bool:
@@ -125,15 +117,6 @@ class ApprovalQueueAdmin(admin.ModelAdmin):
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         user = request.user
         return user.has_perm("durableruns.decide_approval") or user.has_perm("durableruns.view_runstate")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_urls(self) -> list[Any]:
         return super().get_urls()[:1]
