@@ -253,3 +253,18 @@ def check_workflow_groups(app_configs: Any = None, **kwargs: Any) -> list[checks
         hint=f"Its runs, if any, are seen by everyone the model permissions admit. Declared: "
              f"{', '.join(sorted(declared)) or 'none'}.",
         id="durableruns.W006") for name in sorted(scoped) if name not in declared]
+
+
+@checks.register(TAG)
+def check_bulk_share(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DURABLERUNS_BULK_SHARE is a share of a worker's time: above 0, at most 1 (E033)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from durableruns import conf
+
+    try:
+        conf.bulk_share()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="0.5 (the default) lets a bulk take half of its thread's time; 1, all.",
+                             id="durableruns.E033")]
+    return []

@@ -348,3 +348,18 @@ def default_assignee() -> str:
     if value is not None and (not isinstance(value, str) or len(value) > 150):
         raise ImproperlyConfigured(f"DURABLERUNS_DEFAULT_ASSIGNEE must be a group name or None, not {value!r}")
     return value or ""
+
+
+def bulk_share() -> float:
+    """The share of its time a --loop worker's bulk thread spends acting on bulks while items are pending
+    (DURABLERUNS_BULK_SHARE, 0 < share <= 1, default 0.5): after each batch it rests (1 - share) / share of the time
+    the batch took, so the claims and steps beside a bulk of thousands keep the machine. 1: no rest."""
+    value = getattr(settings, "DURABLERUNS_BULK_SHARE", 0.5)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ImproperlyConfigured(f"DURABLERUNS_BULK_SHARE must be a number above 0 and at most 1, not {value!r}")
+    return float(value)
+
+
+def rest_after(busy_seconds: float, share: float) -> float:
+    """How long a background thread rests after `busy_seconds` of work so that it works `share` of its time."""
+    return max(0.0, busy_seconds) * (1.0 - share) / share
