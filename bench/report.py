@@ -239,7 +239,8 @@ def _engine_md(e: dict[str, Any]) -> list[str]:
         f"- commits per 9-step run: {c['write_commits_per_run']} writing ({c['write_commits_per_step']:.3f} per "
         f"step; the design bound (9 + 3) / 9 = {c['design_bound_per_step']:.3f}: create, claim, first intent, "
         f"then one per step; the first intent rides on the claim) and {c['read_transactions_per_run']} read (the "
-        f"boundary's query).",
+        f"pass's look for a bulk's pending runs, once a pass: the bench's pass works one run; the boundary reads "
+        f"nothing, its attempts ride on the claim).",
     ]
 
 

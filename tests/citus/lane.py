@@ -43,6 +43,11 @@ DEFAULT = [
     "tests/integration/test_children.py::test_two_last_children_ending_at_once_still_wake_their_parent_at_once",
     "--deselect",
     "tests/integration/test_children.py::test_a_child_recorded_while_its_parent_is_being_cancelled_is_cancelled_too",
+    # The admin's inbox count (the sidebar's "Inbox (N)") joins run_inbox_item, a reference table, to run_state and
+    # correlates a subquery on run_step through it, which Citus refuses ("complex joins are only supported when all
+    # distributed tables are co-located..."): a run page fails for staff who may decide (docs/citus.md, gaps).
+    "--deselect",
+    "tests/integration/test_children.py::test_the_admin_and_the_api_show_a_runs_parent_and_children",
 ]
 
 

@@ -385,8 +385,8 @@ def test_fuzzing_the_bare_sites_schema_finds_no_server_error(site: BareSite):
 
             call()
     # list, start, read, cancel, retry, restart, adopt_plan, events, the events stream, decide (an approval); the
-    # queue and its decide
-    assert len(statuses) == 12
+    # queue and its decide; a bulk act and its progress; the inbox, a take and a release
+    assert len(statuses) == 17
     assert 200 in statuses["GET /api/runs/"] and 201 in statuses["POST /api/runs/"], json.dumps(
         {k: sorted(v) for k, v in statuses.items()}
     )
