@@ -15,8 +15,8 @@ resume_runs workers take to act on every run, and what a bulk being worked does 
   it, a third kind of round times the same claims beside a process that only spins (`while True: pass`): what any
   CPU-bound neighbour costs the claims on the same host, the reference for reading the ratio on a small machine.
 
-    nice -n 10 python -m bench.bulk [--runs 5000] [--workers 1,2] [--trials 20] [--rounds 6] [--claims 200]
-                                    [--db dr_bench_bulk] [--out bench/results]
+    python -m bench.bulk [--runs 5000] [--workers 1,2] [--trials 20] [--rounds 6] [--claims 200]
+                        [--db dr_bench_bulk] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"(median): {claims['ratio']} x (limit {LIMIT} x); beside a spinning process: {claims['spinning_ratio']} x")
     clear()
     result = {
-        "command": "nice -n 10 python -m bench.bulk " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.bulk " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loadavg": os.getloadavg(),
         "cpus": os.cpu_count(),
