@@ -91,6 +91,11 @@ def test_a_manager_takes_and_releases_an_approval_from_the_inbox(live_server, br
     page.locator(f"#dr-inbox tr[data-item='{late.pk}']").get_by_role("link", name="Approve or reject").click()
     approval = page.locator(f".dr-approval[data-run='{late.run_id}']")
     expect(page.locator(".dr-approval")).to_have_count(1)
+    # The approval queue fits the laptop's width too: no sideways scroll, both buttons in view.
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]
+    for name in ("Approve", "Reject"):
+        box = approval.get_by_role("button", name=name).bounding_box()
+        assert box is not None and box["x"] + box["width"] <= LAPTOP["width"], (name, box)
     approval.get_by_role("button", name="Reject").click()
     expect(page.locator("ul.messagelist")).to_contain_text("a rejection needs a note")
     assert not Intervention.objects.filter(run_id=late.run_id, action__in=("approve", "reject")).exists()
