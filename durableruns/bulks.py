@@ -28,7 +28,7 @@ from durableruns.clock import Clock
 from durableruns.errors import BulkNotFound, InvalidDecision, InvalidInput, RunNotActionable
 from durableruns.models import Escalation, Intervention, RunState, RunStatus
 from durableruns.policies import Outcome, Policy
-from durableruns.reading import boundary_of, run_plan
+from durableruns.reading import RETRYABLE, retry_point, run_plan, stopped_at
 from durableruns.registry import get_workflow, workflows
 from durableruns.restarts import who
 from durableruns.store.bulks import After, Batch, act_on_pending, bulk_progress, create_bulk
@@ -46,7 +46,6 @@ PERMISSIONS = {
     "decide": "durableruns.decide_escalation",
 }
 CANCELLABLE = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.NEEDS_DECISION, RunStatus.FAILED)
-RETRYABLE = (RunStatus.FAILED, RunStatus.NEEDS_DECISION)
 # A restart bulk with this from_step restarts each run from the step it failed at (the admin's action).
 FAILED_STEP = ""
 
@@ -248,34 +247,11 @@ def _cancel(bulk: Bulk, item: BulkItem, now: datetime) -> After:
     return after
 
 
-def _stopped_at(run: RunState) -> tuple[str, int | None]:
-    """The step a failed or stopped run stopped at (failed, or still in doubt), and its latest attempt."""
-    b = boundary_of(run)
-    stopped_at = [s for s in b.remainder if s in b.failed or s in b.in_doubt]
-    step = stopped_at[0] if stopped_at else ""
-    return step, b.latest[step].attempt if step else None
-
-
 def _retry(bulk: Bulk, item: BulkItem, now: datetime) -> After | None:
     # As services.retry_run: read, then the act locks the run and checks its status again (a failed or stopped
     # run's attempts do not move meanwhile: no claim takes it).
     run = RunState.objects.get(pk=item.run_id)
-    if run.status not in RETRYABLE:
-        raise RunNotActionable(
-            f"only a failed or stopped run can be retried; this one is {run.status}",
-            run_id=run.run_id,
-            status=run.status,
-        )
-    if (
-        run.status == RunStatus.NEEDS_DECISION
-        and Escalation.objects.filter(run_id=run.run_id, decision__isnull=True).exists()
-    ):
-        raise RunNotActionable(
-            "this run waits for a decision on its escalation: decide it instead of retrying",
-            run_id=run.run_id,
-            status=run.status,
-        )
-    step, attempt = _stopped_at(run)
+    step, attempt = retry_point(run)
     staff_action_in_commit(
         run.run_id,
         action=Intervention.Action.RETRY,
@@ -298,7 +274,7 @@ def _restart(bulk: Bulk, item: BulkItem, now: datetime) -> After | None:
     workflow = get_workflow(source.workflow)
     from_step = bulk.from_step
     if from_step == FAILED_STEP:
-        from_step, _attempt = _stopped_at(source)
+        from_step, _attempt = stopped_at(source)
         if source.status != RunStatus.FAILED or not from_step:
             raise RunNotActionable(
                 f"this run has no failed step to restart from; it is {source.status}",

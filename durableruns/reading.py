@@ -15,7 +15,7 @@ from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QueryS
 from durableruns import conf, holdings, store
 from durableruns.attributes import VALUE_LIMIT, from_record
 from durableruns.boundary import Boundary, compute_boundary
-from durableruns.errors import RunNotFound, UnknownWorkflow
+from durableruns.errors import RunNotActionable, RunNotFound, UnknownWorkflow
 from durableruns.holdings import Holding
 from durableruns.models import Escalation, RunAttribute, RunState, RunStatus, RunStep
 from durableruns.passes import step_timeout
@@ -225,3 +225,36 @@ def step_doc(run: RunState, step: str) -> str:
     if declared is None or (plan.policy(step) if plan else None) != declared.kind:
         return ""
     return declared.doc
+
+
+# The runs a retry gives fresh attempts: failed, or stopped for staff after the crash budget.
+RETRYABLE = (RunStatus.FAILED, RunStatus.NEEDS_DECISION)
+
+
+def stopped_at(run: RunState) -> tuple[str, int | None]:
+    """The step a failed or stopped run stopped at (failed, or still in doubt), and its latest attempt."""
+    b = boundary_of(run)
+    steps = [s for s in b.remainder if s in b.failed or s in b.in_doubt]
+    step = steps[0] if steps else ""
+    return step, b.latest[step].attempt if step else None
+
+
+def retry_point(run: RunState) -> tuple[str, int | None]:
+    """Where a retry of `run` starts (stopped_at), or RunNotActionable: a run that is not failed or stopped, or
+    one waiting on an open escalation (decided instead). The single retry and a bulk's both ask this."""
+    if run.status not in RETRYABLE:
+        raise RunNotActionable(
+            f"only a failed or stopped run can be retried; this one is {run.status}",
+            run_id=run.run_id,
+            status=run.status,
+        )
+    if (
+        run.status == RunStatus.NEEDS_DECISION
+        and Escalation.objects.filter(run_id=run.run_id, decision__isnull=True).exists()
+    ):
+        raise RunNotActionable(
+            "this run waits for a decision on its escalation: decide it instead of retrying",
+            run_id=run.run_id,
+            status=run.status,
+        )
+    return stopped_at(run)

@@ -471,21 +471,9 @@ def retry_run(run_id: str, *, by: Any, note: str) -> Intervention:
     the next resume_runs works it. A run stopped for staff after its crash budget is retried the same way; one
     waiting on an open escalation is decided instead."""
     decided_by, user_id = _who(by)
-    run = get_run(run_id)
-    retryable = (RunStatus.FAILED, RunStatus.NEEDS_DECISION)
-    if run.status not in retryable:
-        raise RunNotActionable(f"only a failed or stopped run can be retried; this one is {run.status}",
-                               run_id=run_id, status=run.status)
-    if run.status == RunStatus.NEEDS_DECISION and Escalation.objects.filter(
-            run_id=run_id, decision__isnull=True).exists():
-        raise RunNotActionable("this run waits for a decision on its escalation: decide it instead of retrying",
-                               run_id=run_id, status=run.status)
-    b = boundary_of(run)
-    stopped_at = [s for s in b.remainder if s in b.failed or s in b.in_doubt]
-    step = stopped_at[0] if stopped_at else ""
-    attempt = b.latest[step].attempt if step else None
+    step, attempt = reading.retry_point(get_run(run_id))
     return store.record_staff_action(
-        run_id, action=Intervention.Action.RETRY, allowed_from=retryable, new_status=RunStatus.PENDING,
+        run_id, action=Intervention.Action.RETRY, allowed_from=reading.RETRYABLE, new_status=RunStatus.PENDING,
         decided_by=decided_by, user_id=user_id, note=_required_note(note), step=step, attempt=attempt,
     )
 

@@ -4,6 +4,7 @@ decide/), now refused to anyone but the item's holder."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -150,15 +151,16 @@ def _act(summary: str) -> dict[str, Any]:
 
 
 class _ItemAct(DurableRunsAPIView):
+    """One act on an inbox item: `act` is the service (inbox.take or inbox.release), the answer the item as the
+    caller now sees it."""
+
     needs = (CanUseInbox,)
     pagination_class = None
     serializer_class = InboxItemSerializer
-
-    def act(self, id: int, user: Any) -> InboxItem:
-        raise NotImplementedError
+    act: Callable[..., InboxItem]
 
     def post(self, request: Request, id: int) -> Response:
-        item = self.act(id, request.user)
+        item = type(self).act(id, user=request.user)
         fresh = inbox.items(request.user).filter(pk=item.pk).first() or item
         return Response(InboxItemSerializer(fresh, context={"now": Clock().now()}).data)
 
@@ -167,13 +169,11 @@ class _ItemAct(DurableRunsAPIView):
 class ClaimItem(_ItemAct):
     """POST to take the item (a recorded staff act); 409 naming the holder if someone else has it."""
 
-    def act(self, id: int, user: Any) -> InboxItem:
-        return inbox.take(id, user=user)
+    act = staticmethod(inbox.take)
 
 
 @document(post=_act("Release an inbox item you hold, for someone else to take"))
 class ReleaseItem(_ItemAct):
     """POST to give the item back (a recorded staff act); only its holder, or a superuser, may."""
 
-    def act(self, id: int, user: Any) -> InboxItem:
-        return inbox.release(id, user=user)
+    act = staticmethod(inbox.release)
