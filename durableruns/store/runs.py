@@ -157,8 +157,10 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
                                  priority=priority, queue=queue, wake_at=run_after, deferred=deferred,
                                  concurrency_key=concurrency_key, deadline=deadline, on_deadline=on_deadline,
                                  shift=clock.shift)
-            else:
-                RunState.objects.create(**fields)
+            else:  # SQLite, or a record distributed by Citus (no one-statement path): the ORM, and the wake
+                with transaction.atomic(using=conf.database()):
+                    RunState.objects.create(**fields)
+                    wake_workers()
     except IntegrityError:
         raise DuplicateRun(run_id=run_id) from None
     signals.send_on_commit(signals.run_started, RunState, run_id=run_id, workflow=workflow)  # signals

@@ -12,7 +12,8 @@ from django.db import connection
 
 import durableruns
 from durableruns.models import RunState, RunStep
-from tests.conftest import Workers, wait_until
+from durableruns.store.sql import WAKE_CHANNEL
+from tests.conftest import Workers, database_url, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
@@ -101,6 +102,23 @@ def test_the_runs_land_on_both_workers_and_a_worker_process_finds_them_all(worke
     done = workers.run("--once", timeout=120)
     assert done.returncode == 0, done.stderr
     assert RunState.objects.filter(pk__in=runs, status="completed").count() == 20
+
+
+def test_a_start_and_an_event_each_notify_the_coordinators_listeners(workers: Workers, far: Any) -> None:
+    """On a distributed record a start takes the ORM's path, not the one-statement insert that notifies: it must
+    notify all the same, or an idle worker sleeps through it until its poll. So must an event for a waiting run."""
+    import psycopg
+
+    with psycopg.connect(database_url(), autocommit=True) as listener:
+        listener.execute(f"LISTEN {WAKE_CHANNEL}")
+        durableruns.start("waiting", {"total": 5, "cool_off": 0.1}, run_id="heard")
+        assert len(list(listener.notifies(timeout=2, stop_after=1))) == 1, "a start notified nobody"
+        done = workers.run("--once", timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert RunState.objects.get(pk="heard").status == "waiting"
+        list(listener.notifies(timeout=0.5))  # the worker's own (a run set to wait notifies)
+        durableruns.send("heard", "supplier_confirmed", {"ref": "x"})
+        assert len(list(listener.notifies(timeout=2, stop_after=1))) == 1, "an event notified nobody"
 
 
 def test_an_idle_worker_listens_on_the_coordinator_and_a_start_or_an_event_wakes_it(workers: Workers, far: Any) -> None:
