@@ -307,7 +307,7 @@ def _decide(bulk: Bulk, item: BulkItem, now: datetime, author: Any) -> After:
         Escalation.objects.visible_to(author)
         .select_for_update(of=("self",))
         .select_related("run")
-        .filter(pk=item.escalation_id)
+        .filter(pk=item.escalation_id, run_id=item.run_id)  # the run named: on a Citus cluster, one shard to lock
         .first()
     )
     if escalation is None:

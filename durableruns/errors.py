@@ -145,5 +145,10 @@ class NotMeasurable(DurableRunsError):
     """That step's loop cannot be measured."""
 
 
+class Unsupported(DurableRunsError):
+    """What was asked cannot be done on this site's record as it is laid out (a debounced start on a record
+    distributed by Citus, docs/citus.md): refused before anything is recorded."""
+
+
 class Rejected(Exception):
     """Raise from a step when the far system definitely refused the call: an observed failure, not an unknown."""

@@ -11,6 +11,7 @@ from django.db.models import Case, F, Q, When
 from django.db.models.functions import Coalesce
 
 from durableruns import scopes
+from durableruns.distribution import is_distributed
 
 
 class RunStateQuerySet(models.QuerySet):
@@ -142,8 +143,12 @@ class RunStateQuerySet(models.QuerySet):
     def workflow_names(self) -> list[str]:
         """The distinct workflows of the runs kept, in order: one index probe per workflow (a recursive walk of
         run_state_workflow_status_idx, each step the next name after the last), where SELECT DISTINCT would read
-        an index entry per run."""
+        an index entry per run. On a Citus cluster, which runs a recursive CTE only on one run's shard, a DISTINCT
+        that every node answers for its own shards."""
         table = connections[self.db].ops.quote_name(self.model._meta.db_table)
+        if is_distributed(self.db):
+            names = self.model._default_manager.using(self.db).order_by().values_list("workflow", flat=True)
+            return sorted(set(names.distinct()))
         with connections[self.db].cursor() as cursor:
             cursor.execute(
                 f"WITH RECURSIVE names(workflow) AS (SELECT min(workflow) FROM {table} UNION ALL "
@@ -170,6 +175,13 @@ class RunPlanQuerySet(models.QuerySet):
     def with_active_runs(self) -> RunPlanQuerySet:
         """Plans annotated with `active_runs`: how many unfinished runs each still has."""
         runs = self.model._meta.apps.get_model("durableruns", "RunState")._default_manager
+        if is_distributed(self.db):
+            # On a Citus cluster the plans are a reference table, which may not correlate a subquery on the
+            # distributed runs: one count per plan, grouped on every node, then written into the query.
+            counts = (runs.using(self.db).filter(status__in=self.UNFINISHED).order_by()
+                      .values_list("plan_fingerprint").annotate(n=models.Count("pk")))
+            whens = [When(pk=fingerprint, then=models.Value(n)) for fingerprint, n in counts]
+            return self.annotate(active_runs=Case(*whens, default=models.Value(0), output_field=models.IntegerField()))
         active = (runs.filter(plan_fingerprint=models.OuterRef("pk"), status__in=self.UNFINISHED)
                   .order_by().values("plan_fingerprint").annotate(n=models.Count("pk")).values("n"))
         return self.annotate(active_runs=Coalesce(models.Subquery(active), 0))
@@ -226,12 +238,16 @@ class InboxItemQuerySet(models.QuerySet):
     def open(self) -> InboxItemQuerySet:
         """Items still waiting for a person: not closed, their run not ended, and the approval's attempt still
         waiting or the escalation undecided (an approval timed out and went on, or a run cancelled, is no work)."""
-        steps = self.model._meta.apps.get_model("durableruns", "RunStep")._default_manager
-        waiting = steps.filter(run_id=models.OuterRef("run_id"), step=models.OuterRef("step"),
-                               attempt=models.OuterRef("attempt"), status="started")
-        return (self.alias(_waits=models.Exists(waiting))
+        # The approval's attempt, joined through the run's own row (run_state to run_step on run_id, at most one
+        # row: their primary key) rather than looked up by the item's copy of the run's id: the same on one node,
+        # and on a Citus cluster the only way it runs (the items are a reference table, and Citus correlates a
+        # distributed table only with another on their distribution column).
+        waiting = models.FilteredRelation("run__attempts", condition=Q(
+            run__attempts__step=F("step"), run__attempts__attempt=F("attempt"), run__attempts__status="started"))
+        return (self.alias(_waiting=waiting)
                 .filter(closed_at__isnull=True, run__status__in=RunPlanQuerySet.UNFINISHED)
-                .filter(Q(kind="escalation", escalation__decision__isnull=True) | Q(kind="approval", _waits=True)))
+                .filter(Q(kind="escalation", escalation__decision__isnull=True)
+                        | Q(kind="approval", _waiting__status="started")))
 
     def for_person(self, user: Any, *, kinds: tuple[str, ...], mine: bool) -> InboxItemQuerySet:
         """The open items of `kinds` (those the user may decide) of runs the user may see; with `mine`, those

@@ -11,10 +11,12 @@ from datetime import datetime
 from typing import TypeVar
 
 from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models.functions import Cast
 
 from durableruns import conf, holdings, store
 from durableruns.attributes import VALUE_LIMIT, from_record
 from durableruns.boundary import Boundary, compute_boundary
+from durableruns.distribution import is_distributed
 from durableruns.errors import RunNotActionable, RunNotFound, UnknownWorkflow
 from durableruns.holdings import Holding
 from durableruns.models import Escalation, RunAttribute, RunState, RunStatus, RunStep
@@ -92,10 +94,17 @@ def holdings_of(run: RunState, rows: Iterable[RunStep] | None = None, *, held_on
     return holdings.held(found) if held_only else found
 
 
+# No hold lapses: a typed NULL, which PostgreSQL accepts in an ORDER BY (a bare NULL is "a non-integer constant",
+# refused when the queue's order is inlined, as in the pks a bulk decision reads).
+_NO_LAPSE = Cast(Value(None), output_field=DateTimeField())
+
+
 def with_hold_lapses(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
     """Annotate each escalation with `hold_lapses_at`: when the first hold its run still has lapses at its far
     system (completed acquisition + hold_expires_after, unless released or handed on), or None. Computed by the
     database in the same query, so the queue sorts by it across pages at no extra query."""
+    if is_distributed(escalations.db):
+        return _with_hold_lapses_read_apart(escalations)
     whens = []
     for workflow in workflows().values():
         for acq in workflow.acquisitions():
@@ -115,7 +124,7 @@ def with_hold_lapses(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
                 )
             )
     if not whens:
-        return escalations.annotate(hold_lapses_at=Value(None, output_field=DateTimeField()))
+        return escalations.annotate(hold_lapses_at=_NO_LAPSE)
     lapses = (
         RunStep.objects.filter(run_id=OuterRef("run_id"), status="completed")
         .annotate(lapse=Case(*whens, output_field=DateTimeField()))
@@ -124,6 +133,37 @@ def with_hold_lapses(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
         .values("lapse")[:1]
     )
     return escalations.annotate(hold_lapses_at=Subquery(lapses, output_field=DateTimeField()))
+
+
+def _with_hold_lapses_read_apart(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
+    """with_hold_lapses on a Citus cluster, where the escalations are a reference table that may not correlate a
+    subquery on the distributed attempts: the completed attempts of the escalations' runs are read in one query
+    of their own, the same rule is applied to them here, and each run's lapse is written into the query."""
+    expiring = {
+        name: [(acq, acq.hold_expires_after) for acq in workflow.acquisitions() if acq.hold_expires_after is not None]
+        for name, workflow in workflows().items()
+    }
+    runs = set(escalations.order_by().values_list("run_id", flat=True).distinct())
+    kinds = dict(RunState.objects.filter(pk__in=runs).values_list("run_id", "workflow")) if runs else {}
+    runs = {run for run, workflow in kinds.items() if expiring.get(workflow)}
+    done: dict[str, dict[str, list[datetime]]] = {}
+    completed = RunStep.objects.filter(run_id__in=runs, status="completed") if runs else RunStep.objects.none()
+    for run_id, step, finished_at in completed.values_list("run_id", "step", "finished_at"):
+        done.setdefault(run_id, {}).setdefault(step, []).append(finished_at)
+    whens = []
+    for run_id, steps in done.items():
+        lapses = [
+            finished + expires_after
+            for acq, expires_after in expiring[kinds[run_id]]
+            if acq.release_step not in steps and not (acq.released_by and acq.released_by in steps)
+            for finished in steps.get(acq.step, ())
+            if finished is not None
+        ]
+        if lapses:
+            whens.append(When(run_id=run_id, then=Value(min(lapses))))
+    if not whens:
+        return escalations.annotate(hold_lapses_at=_NO_LAPSE)
+    return escalations.annotate(hold_lapses_at=Case(*whens, default=Value(None), output_field=DateTimeField()))
 
 
 def run_holdings(run_id: str, *, held_only: bool = False) -> list[Holding]:

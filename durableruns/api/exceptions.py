@@ -92,6 +92,10 @@ class InboxItemNotFoundError(DurableRunsAPIError):
     default_code = "inbox_item_not_found"
 
 
+class UnsupportedError(DurableRunsAPIError):
+    default_code = "unsupported"
+
+
 class ItemTakenError(DurableRunsAPIError):
     status_code = status.HTTP_409_CONFLICT
     default_code = "taken"
@@ -118,6 +122,7 @@ TRANSLATIONS: dict[type[errors.DurableRunsError], type[DurableRunsAPIError]] = {
     errors.InboxItemNotFound: InboxItemNotFoundError,
     errors.ItemTaken: ItemTakenError,
     errors.NotAssigned: NotAssignedError,
+    errors.Unsupported: UnsupportedError,
 }
 
 

@@ -19,8 +19,9 @@ from django.db import IntegrityError, connections, transaction
 
 from durableruns import conf, signals
 from durableruns.clock import Clock
+from durableruns.distribution import is_distributed
 from durableruns.encoding import to_json
-from durableruns.errors import DuplicateRun
+from durableruns.errors import DuplicateRun, Unsupported
 from durableruns.models import DEBOUNCING, RunState, RunStatus
 from durableruns.plans import Plan
 from durableruns.store.attributes import write_attributes
@@ -76,7 +77,16 @@ def debounce_run(
     and move the start of the run with that key that has not begun yet; return its run id and whether it is new.
     A new run's id is `run_id` (a run already recorded under that id: DuplicateRun). `attributes` (checked
     already) are recorded, or replace the run's, in the same commit; a new run records `deadline` (a span from
-    its creation, or a time) and `on_deadline` (durableruns.deadlines)."""
+    its creation, or a time) and `on_deadline` (durableruns.deadlines).
+
+    On a record distributed by Citus: Unsupported, before anything is recorded (the key's uniqueness across runs,
+    which a debounce rests on, cannot be kept there: durableruns.distribution)."""
+    if is_distributed(conf.database()):
+        raise Unsupported(
+            "debounced starts are not supported on a record distributed by Citus (a debounce key cannot be kept "
+            "unique across shards): start the run without debounce= and key=",
+            workflow=workflow,
+        )
     if plan is not None:
         record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
     if not attributes and deadline is None and not connections[conf.database()].in_atomic_block and fast():

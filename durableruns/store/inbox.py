@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models import F, Q
 
 from durableruns import conf
 from durableruns.clock import Clock
@@ -46,7 +46,8 @@ def open_item(
     escalate times are the statement's now plus `due` (and twice `due`), on the database's clock. Once per
     attempt: a second opening of the same attempt (a resume) keeps the first."""
     due, move = opening.due, opening.escalate_to if opening.due is not None else ""
-    item, created = InboxItem.objects.get_or_create(
+    opened = clock.expression()
+    InboxItem.objects.get_or_create(
         run_id=run_id,
         step=step,
         attempt=attempt,
@@ -55,17 +56,18 @@ def open_item(
             "escalation": escalation,
             "group": opening.group,
             "escalate_to": move,
-            "opened_at": clock.expression(),
+            "opened_at": opened,
+            # Counted from the very time recorded as its opening: the statement's own now() on PostgreSQL, the one
+            # reading on SQLite. In the insert itself (not an update from opened_at after it): a Citus cluster
+            # keeps the items in a reference table, where an update may not compute a time from a column.
+            "due_at": None if due is None else _after(opened, due, clock),
+            "escalate_at": _after(opened, 2 * due, clock) if due is not None and move else None,
         },
     )
-    if created and due is not None:  # counted from the very time recorded as its opening
-        InboxItem.objects.filter(pk=item.pk).update(
-            due_at=_after_opening(due), escalate_at=_after_opening(2 * due) if move else None
-        )
 
 
-def _after_opening(delta: timedelta) -> Any:
-    return ExpressionWrapper(F("opened_at") + Value(delta, output_field=DurationField()), output_field=DateTimeField())
+def _after(opened: Any, delta: timedelta, clock: Clock) -> Any:
+    return opened + delta if isinstance(opened, datetime) else clock.expression(delta)
 
 
 def guard_decision(

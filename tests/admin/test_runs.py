@@ -12,6 +12,7 @@ from durableruns import services
 from durableruns.models import Intervention, RunState, RunStatus, RunStep
 from tests.admin.users import logged_in, staff
 from tests.admin.records import completed, escalated, failed, purchase_in_doubt
+from tests.conftest import CITUS_LANE
 from tests.factories import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,6 +102,7 @@ def test_the_list_counts_no_further_than_its_cap_and_says_so(as_viewer: Client, 
     assert "1 run" in as_viewer.get(RUNS, {"q": "run-1"}).content.decode()
 
 
+@pytest.mark.skipif(CITUS_LANE, reason="on a Citus cluster the workflow filter reads a DISTINCT every node answers")
 def test_the_runs_list_reads_no_count_or_distinct_over_every_run(as_viewer: Client):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

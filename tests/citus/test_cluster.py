@@ -4,6 +4,7 @@ on one node at a time (no two-phase commit), read from Citus's own record of dis
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from django.core.management import call_command
 from django.db import connection
 
 import durableruns
+from durableruns.errors import Unsupported
 from durableruns.models import RunState, RunStep
 from durableruns.store.sql import WAKE_CHANNEL
 from tests.conftest import Workers, database_url, wait_until
@@ -119,6 +121,13 @@ def test_a_start_and_an_event_each_notify_the_coordinators_listeners(workers: Wo
         list(listener.notifies(timeout=0.5))  # the worker's own (a run set to wait notifies)
         durableruns.send("heard", "supplier_confirmed", {"ref": "x"})
         assert len(list(listener.notifies(timeout=2, stop_after=1))) == 1, "an event notified nobody"
+
+
+def test_a_debounced_start_is_refused_clearly_and_records_nothing() -> None:
+    """A debounce rests on its key's uniqueness across runs, which a distributed record cannot keep."""
+    with pytest.raises(Unsupported, match="debounced starts are not supported on a record distributed by Citus"):
+        durableruns.start("requote", {"edit": 1}, debounce=timedelta(seconds=30), key="order-17")
+    assert not RunState.objects.exists()
 
 
 def test_an_idle_worker_listens_on_the_coordinator_and_a_start_or_an_event_wakes_it(workers: Workers, far: Any) -> None:
