@@ -105,3 +105,19 @@ def test_an_escalated_release_shows_its_own_policy_and_the_hold_still_held(as_op
     assert "re_executable" in page and "Give the stock back under the release" in page  # its own declaration
     runs = as_operator.get(RUNS).content.decode()
     assert "ending unfinished: gives back what it holds, then failed" in runs
+
+
+def test_a_site_whose_workflows_declare_no_hold_expiry_still_orders_its_queue_by_pk_alone(monkeypatch) -> None:
+    """With no hold lapse to compute, the queue's order is a NULL: selected by pk alone (as a bulk decision reads
+    the queue's selection) it must still be a NULL PostgreSQL accepts in an ORDER BY."""
+    from django.db.models import F
+
+    from durableruns import reading, registry
+
+    runs = bulk_purchases(2)
+    expiring = {name for name, w in registry.workflows().items() if any(a.hold_expires_after for a in w.acquisitions())}
+    assert expiring  # the suite's workflows do declare some: left out here
+    monkeypatch.setattr(registry, "_registry", {n: w for n, w in registry._registry.items() if n not in expiring})
+    queue = reading.with_hold_lapses(Escalation.objects.all()).order_by(F("hold_lapses_at").asc(nulls_last=True),
+                                                                        "opened_at")
+    assert list(queue.values_list("run_id", flat=True)) == list(reversed(runs))
