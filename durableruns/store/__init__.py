@@ -39,7 +39,16 @@ from __future__ import annotations
 
 from durableruns.encoding import TEXT_LIMIT, ensure_json, storable, to_json
 from durableruns.store.attempts import checkpoint, record_failure, record_intent, record_raised, record_result
-from durableruns.store.base import DATABASE, DEFERRED, ENDED, Claimed, Intent, Lease, wake_workers
+from durableruns.store.base import (
+    DATABASE,
+    DEFERRED,
+    ENDED,
+    Claimed,
+    Intent,
+    Lease,
+    refuse_limit_on_a_cluster,
+    wake_workers,
+)
 from durableruns.store.children import UNFINISHED, NewChild, child_exists, start_child
 from durableruns.store.claims import claim, more_due_after_last_claim, next_due_from_last_claim, parked_by_last_claim
 from durableruns.store.deadlines import (
@@ -181,5 +190,6 @@ __all__ = [
     "turn_of",
     "wait",
     "waiting_turns",
+    "refuse_limit_on_a_cluster",
     "wake_workers",
 ]

@@ -130,6 +130,17 @@ def test_a_debounced_start_is_refused_clearly_and_records_nothing() -> None:
     assert not RunState.objects.exists()
 
 
+def test_a_run_of_a_limited_workflow_is_refused_clearly_and_records_nothing() -> None:
+    """Nothing on a distributed record would hold a limited workflow's runs back: refused, not run unlimited."""
+    with pytest.raises(Unsupported, match="concurrency limits are not supported .* and limited declares one"):
+        durableruns.start("limited", {"n": 1})
+    with pytest.raises(Unsupported, match="and keyed declares one"):
+        durableruns.start("keyed", {"buyer": "acme"})
+    assert not RunState.objects.exists()
+    durableruns.start("order", {"extra": 0}, run_id="unlimited")  # a workflow without a limit starts as ever
+    assert RunState.objects.filter(pk="unlimited").exists()
+
+
 def test_an_idle_worker_listens_on_the_coordinator_and_a_start_or_an_event_wakes_it(workers: Workers, far: Any) -> None:
     """LISTEN works through the coordinator: with a 30 s poll, a new run and an event are each worked at once."""
     worker = workers.start("--loop", "--interval", "30", "--concurrency", "2")
