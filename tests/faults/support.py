@@ -83,7 +83,12 @@ class Probe:
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
+        text = self.path.read_text()
+        # Read while other workers still write: a reader may see the last append half copied (Linux serialises
+        # writes to a file, not a read against a write). Lines are only ever appended, so only the last can be
+        # cut short, and one without its newline is left for the next read.
+        complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
+        for line in complete.splitlines():
             thread, event, arg = line.split(" ", 2)
             out.append((thread, event, arg))
         return out
