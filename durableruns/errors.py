@@ -146,8 +146,8 @@ class NotMeasurable(DurableRunsError):
 
 
 class Unsupported(DurableRunsError):
-    """What was asked cannot be done on this site's record as it is laid out (a debounced start on a record
-    distributed by Citus, docs/citus.md): refused before anything is recorded."""
+    """What was asked cannot be done on this site's record as it is laid out (on a record distributed by Citus,
+    docs/citus.md: a debounced start, a run of a limited workflow): refused before anything is recorded."""
 
 
 class Rejected(Exception):
