@@ -249,6 +249,19 @@ class InboxItemQuerySet(models.QuerySet):
                 .filter(Q(kind="escalation", escalation__decision__isnull=True)
                         | Q(kind="approval", _waiting__status="started")))
 
+    def stale(self) -> InboxItemQuerySet:
+        """Items marked open that no decision will close, each by a fact the record shows: its run ended, its
+        escalation was decided, or its approval's attempt is over (timed out and went on). Not merely "not
+        open()": on a Citus cluster an item (a reference table) can be seen on one node before the attempt its
+        commit began is seen on the run's shard, and an item whose attempt is not seen yet is not stale."""
+        attempt = models.FilteredRelation("run__attempts", condition=Q(
+            run__attempts__step=F("step"), run__attempts__attempt=F("attempt")))
+        return (self.alias(_attempt=attempt)
+                .filter(closed_at__isnull=True)
+                .filter(~Q(run__status__in=RunPlanQuerySet.UNFINISHED)
+                        | Q(kind="escalation", escalation__decision__isnull=False)
+                        | Q(kind="approval", _attempt__status__in=("completed", "failed"))))
+
     def for_person(self, user: Any, *, kinds: tuple[str, ...], mine: bool) -> InboxItemQuerySet:
         """The open items of `kinds` (those the user may decide) of runs the user may see; with `mine`, those
         assigned to one of the user's groups or to nobody, and not held by someone else."""

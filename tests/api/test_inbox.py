@@ -14,7 +14,7 @@ from django.db import connections
 import durableruns
 from durableruns import inbox, services
 from durableruns.errors import ItemTaken
-from durableruns.models import InboxItem, Intervention, RunState, RunStatus
+from durableruns.models import InboxItem, Intervention, RunState, RunStatus, RunStep
 from tests import inbox_workflows as flows
 from tests.api.conftest import READ, user_with
 from tests.factories import crash_after_intent
@@ -267,6 +267,20 @@ def test_retention_deletes_an_ended_runs_items_with_it(settings):
     report = prune.prune(older_than_days=30)
     assert report.inbox_items == 1
     assert not InboxItem.objects.filter(run_id=item.run_id).exists()
+
+
+def test_the_sweep_never_closes_an_item_whose_attempt_it_does_not_see(alice):
+    """On a Citus cluster a sweep may see an item before the attempt its commit began (they live on different
+    nodes): staleness is a fact seen (the attempt over, the run ended), never an attempt not seen. Here the
+    attempt is hidden from the sweep as it would be there, by taking it out of the record for a moment."""
+    item = waiting_for_approval()
+    attempt = RunStep.objects.filter(run_id=item.run_id, step=item.step, attempt=item.attempt)
+    (row,) = attempt.values()
+    attempt.delete()
+    assert inbox.sweep().closed == 0
+    RunStep.objects.create(**row)
+    assert InboxItem.objects.get(pk=item.pk).closed_at is None
+    assert InboxItem.objects.open().filter(pk=item.pk).exists()
 
 
 def test_the_sweep_closes_the_items_of_runs_that_ended_otherwise(alice):

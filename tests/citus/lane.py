@@ -19,10 +19,10 @@ sys.path.insert(0, str(ROOT))
 from tests.citus.cluster import citus_cluster  # noqa: E402
 
 # What the lane runs by default (bin/test), kept lean (the whole CI run stays under 45 minutes on 2 cores): the
-# Citus tests, the core (tests/unit), the integration tests that hold on a distributed record as they are, and the
-# crash matrix (a worker SIGKILLed at every point of the step cycle). What the rest of tests/integration shows on
-# a cluster is in docs/citus.md ("What the test lane showed"); `python -m tests.citus.lane tests/integration`
-# runs it all.
+# Citus tests, the core (tests/unit), the integration tests but the slowest (their timings are of a worker pool,
+# not of the record: test_rates, test_pool, test_pickup, test_workers, test_schedule_workers, test_shutdown_grace,
+# test_bulk_workers pass on a cluster too), and the crash matrix (a worker SIGKILLed at every point of the step
+# cycle). `python -m tests.citus.lane tests/integration` runs them all; docs/citus.md says what each showed.
 DEFAULT = [
     "tests/citus",
     "tests/unit",
@@ -35,6 +35,20 @@ DEFAULT = [
     "tests/integration/test_attributes.py",
     "tests/integration/test_commands.py",
     "tests/integration/test_deployed.py",
+    "tests/integration/test_restart.py",
+    "tests/integration/test_map.py",
+    "tests/integration/test_schedules.py",
+    "tests/integration/test_measure_loop.py",
+    "tests/integration/test_waits.py",
+    "tests/integration/test_tracing.py",
+    "tests/integration/test_progress.py",
+    "tests/integration/test_stopped_for_staff.py",
+    "tests/integration/test_test_clock.py",
+    "tests/integration/test_worker_host.py",
+    "tests/integration/test_bad_input_start.py",
+    "tests/integration/test_holdings_missing_step.py",
+    "tests/integration/test_connections.py",
+    "tests/integration/test_plans_in_process.py",
     "tests/faults/test_crash_matrix.py::test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice",
     # The back office on a cluster: the escalation queue (its order by what a run holds), the inbox (its count,
     # items, take and release, reminders), bulk acts (the runs list's filters, a bulk decision), and a debounced
@@ -46,6 +60,7 @@ DEFAULT = [
     "tests/api/test_inbox.py",
     "tests/admin/test_bulk.py",
     "tests/integration/test_bulk.py",
+    "tests/integration/test_inbox_workers.py",  # three --loop workers, one SIGKILLed, read skew across nodes
     "tests/api/test_debounce.py::test_on_a_citus_record_a_debounced_start_is_refused_400_and_records_nothing",
     # Two that fail on a cluster (docs/citus.md, "What the test lane showed"): a parent woken by its two last
     # children ending at once, and a child recorded while its parent is being cancelled (it times the lock waits

@@ -17,8 +17,15 @@ from durableruns import services, store
 from durableruns.errors import RunCancelled, RunFailed, RunNotFound
 from durableruns.limits import PARKED
 from durableruns.models import RunState, RunStatus, RunStep
+from tests.conftest import CITUS_LANE
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        CITUS_LANE,
+        reason="concurrency limits are refused on a Citus-distributed record (tests/citus tests the refusal)",
+    ),
+]
 
 
 @pytest.fixture(autouse=True)

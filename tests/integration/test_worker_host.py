@@ -43,7 +43,7 @@ def test_the_heartbeat_reconnects_after_its_connection_is_killed(far, workers):
 
         wait_until(lambda: heartbeat_backends() != [], what="the heartbeat's first renewal")
         [pid] = heartbeat_backends()
-        admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        admin.execute("SELECT pg_terminate_backend(%s::int)", [pid])  # ::int: Citus adds an overload
     # A worker ready to take the run the moment the lease runs out.
     taker = workers.start("--loop", "--lease", "2", "--interval", "0.1", "--worker", "taker", TEST_HOLD_SECONDS="0")
     out, err = holder.communicate(timeout=60)
