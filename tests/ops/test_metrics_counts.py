@@ -80,10 +80,13 @@ def test_counts_stay_exact_as_runs_finish_fail_are_cancelled_retried_and_pruned(
 
 @pytest.mark.postgres
 def test_two_worker_processes_finishing_at_once_leave_exact_counts(workers):
+    # Each first step takes 0.25 s: 48 runs are 3 s of work for one process's 4 threads, so the other process,
+    # started with it, is up and claiming long before one could drain them all alone (it once did, on a quiet
+    # machine, and the test saw one process finish nothing).
     for _ in range(40):
-        make_run("scripted")
+        make_run("scripted", {"first": "sleep", "sleep": 0.25})
     for _ in range(8):
-        make_run("scripted", {"second": "reject"})
+        make_run("scripted", {"first": "sleep", "sleep": 0.25, "second": "reject"})
     procs = [workers.start("--once", "--concurrency", "4", DURABLERUNS_RETRY_BACKOFF_SECONDS="0") for _ in range(2)]
     finished_by = []
     for proc in procs:
