@@ -23,6 +23,9 @@ from tests.citus.cluster import citus_cluster  # noqa: E402
 # not of the record: test_rates, test_pool, test_pickup, test_workers, test_schedule_workers, test_shutdown_grace,
 # test_bulk_workers pass on a cluster too), and the crash matrix (a worker SIGKILLed at every point of the step
 # cycle). `python -m tests.citus.lane tests/integration` runs them all; docs/citus.md says what each showed.
+# Left out too: test_worker_host.py, whose heartbeat test finds the renewal by its statement's text in
+# pg_stat_activity, the single node's one statement; on a cluster the renewal is a transaction of several, and the
+# test missed it within 20 s in 1 of 2 CI runs.
 DEFAULT = [
     "tests/citus",
     "tests/unit",
@@ -44,7 +47,6 @@ DEFAULT = [
     "tests/integration/test_progress.py",
     "tests/integration/test_stopped_for_staff.py",
     "tests/integration/test_test_clock.py",
-    "tests/integration/test_worker_host.py",
     "tests/integration/test_bad_input_start.py",
     "tests/integration/test_holdings_missing_step.py",
     "tests/integration/test_connections.py",
