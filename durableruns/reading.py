@@ -146,7 +146,7 @@ def _with_hold_lapses_read_apart(escalations: QuerySet[Escalation]) -> QuerySet[
     runs = set(escalations.order_by().values_list("run_id", flat=True).distinct())
     kinds = dict(RunState.objects.filter(pk__in=runs).values_list("run_id", "workflow")) if runs else {}
     runs = {run for run, workflow in kinds.items() if expiring.get(workflow)}
-    done: dict[str, dict[str, list[datetime]]] = {}
+    done: dict[str, dict[str, list[datetime | None]]] = {}
     completed = RunStep.objects.filter(run_id__in=runs, status="completed") if runs else RunStep.objects.none()
     for run_id, step, finished_at in completed.values_list("run_id", "step", "finished_at"):
         done.setdefault(run_id, {}).setdefault(step, []).append(finished_at)
