@@ -137,30 +137,20 @@ def with_hold_lapses(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
 
 def _with_hold_lapses_read_apart(escalations: QuerySet[Escalation]) -> QuerySet[Escalation]:
     """with_hold_lapses on a Citus cluster, where the escalations are a reference table that may not correlate a
-    subquery on the distributed attempts: the completed attempts of the escalations' runs are read in one query
-    of their own, the same rule is applied to them here, and each run's lapse is written into the query."""
-    expiring = {
-        name: [(acq, acq.hold_expires_after) for acq in workflow.acquisitions() if acq.hold_expires_after is not None]
-        for name, workflow in workflows().items()
-    }
-    runs = set(escalations.order_by().values_list("run_id", flat=True).distinct())
-    kinds = dict(RunState.objects.filter(pk__in=runs).values_list("run_id", "workflow")) if runs else {}
-    runs = {run for run, workflow in kinds.items() if expiring.get(workflow)}
-    done: dict[str, dict[str, list[datetime | None]]] = {}
-    completed = RunStep.objects.filter(run_id__in=runs, status="completed") if runs else RunStep.objects.none()
-    for run_id, step, finished_at in completed.values_list("run_id", "step", "finished_at"):
-        done.setdefault(run_id, {}).setdefault(step, []).append(finished_at)
+    subquery on the distributed attempts: the escalations' runs and their attempts are read in two queries of
+    their own, each run's first lapse is what its page shows (holdings.soonest_lapse), and is written into the
+    query."""
+    ids = set(escalations.order_by().values_list("run_id", flat=True).distinct())
+    expiring = {name for name, w in workflows().items() if any(a.hold_expires_after for a in w.acquisitions())}
+    runs = list(RunState.objects.filter(pk__in=ids, workflow__in=expiring)) if ids and expiring else []
+    rows: dict[str, list[RunStep]] = {}
+    for row in RunStep.objects.filter(run_id__in=[run.pk for run in runs]) if runs else ():
+        rows.setdefault(row.run_id, []).append(row)
     whens = []
-    for run_id, steps in done.items():
-        lapses = [
-            finished + expires_after
-            for acq, expires_after in expiring[kinds[run_id]]
-            if acq.release_step not in steps and not (acq.released_by and acq.released_by in steps)
-            for finished in steps.get(acq.step, ())
-            if finished is not None
-        ]
-        if lapses:
-            whens.append(When(run_id=run_id, then=Value(min(lapses))))
+    for run in runs:
+        lapse = holdings.soonest_lapse(holdings_of(run, rows.get(run.pk, []), held_only=True))
+        if lapse is not None:
+            whens.append(When(run_id=run.pk, then=Value(lapse)))
     if not whens:
         return escalations.annotate(hold_lapses_at=_NO_LAPSE)
     return escalations.annotate(hold_lapses_at=Case(*whens, default=Value(None), output_field=DateTimeField()))
