@@ -68,7 +68,6 @@ def _asked(parent: str, step: str, workflow: Workflow | str, input: Any, key: An
             f"the concurrency key of {flow.name} must be at most {RUN_ID_LIMIT} characters, not "
             f"{concurrency_key[:60]!r}"
         )
-    store.refuse_limit_on_a_cluster(flow.name, concurrency_key)
     return store.NewChild(
         run_id=child_run_id(parent, step, key),
         workflow=flow.name,

@@ -21,7 +21,8 @@ What Citus refuses, and what replaces it:
 - Triggers on run_state: the run_count triggers (they write another table, on the coordinator) are dropped, and
   the metrics' count of finished runs reads run_state itself, in parallel on every node (ops.metrics); the
   concurrency-limit triggers (they let a parked run of the same key go, which may sit on another shard) are
-  dropped, and concurrency limits are not supported on a distributed record; the run_state_ended trigger (a
+  dropped, the runs they had parked are made pending, and the cluster's claim walks past a limited run whose key
+  is full instead of parking it (store.spread); the run_state_ended trigger (a
   NOTIFY that durableruns.result listens for) is dropped, and result() polls; run_state_wake_by_deadline, which
   reads and writes only the row it fires for, is kept (created on every shard with citus.enable_unsafe_triggers).
 """
@@ -31,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import connections
+
+from durableruns.limits import PARKED
 
 # Distributed by run_id, co-located with run_state, in this order (run_state first: the others name it).
 RUN_TABLES = ("run_state", "run_step", "run_event", "run_attribute")
@@ -130,6 +133,13 @@ def distribute(using: str) -> Layout:
             cursor.execute("SET citus.enable_unsafe_triggers = on")
             for trigger in DROPPED_TRIGGERS:
                 cursor.execute(f"DROP TRIGGER IF EXISTS {trigger} ON run_state")
+            # Runs parked by their concurrency limit wait for a trigger just dropped to let them go: pending again,
+            # as that trigger would make them, for the cluster's claim to admit under the limit (store.spread).
+            cursor.execute(
+                "UPDATE run_state SET status = 'pending', reason = '', wake_at = NULL, updated_at = now() "
+                "WHERE status = 'waiting' AND concurrency_key IS NOT NULL AND reason = %s",
+                [PARKED],
+            )
             # A transaction that writes a reference table after a multi-shard statement (a prune's batch, Django
             # deleting runs with their escalations) must run over one connection per node: the database's default.
             cursor.execute(

@@ -147,7 +147,7 @@ class NotMeasurable(DurableRunsError):
 
 class Unsupported(DurableRunsError):
     """What was asked cannot be done on this site's record as it is laid out (on a record distributed by Citus,
-    docs/citus.md: a debounced start, a run of a limited workflow): refused before anything is recorded."""
+    docs/citus.md: a debounced start): refused before anything is recorded."""
 
 
 class Rejected(Exception):

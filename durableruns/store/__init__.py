@@ -46,7 +46,6 @@ from durableruns.store.base import (
     Claimed,
     Intent,
     Lease,
-    refuse_limit_on_a_cluster,
     wake_workers,
 )
 from durableruns.store.children import UNFINISHED, NewChild, child_exists, start_child
@@ -190,6 +189,5 @@ __all__ = [
     "turn_of",
     "wait",
     "waiting_turns",
-    "refuse_limit_on_a_cluster",
     "wake_workers",
 ]

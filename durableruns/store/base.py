@@ -20,7 +20,7 @@ from durableruns import conf
 from durableruns.boundary import StepAttempt
 from durableruns.clock import Clock
 from durableruns.distribution import is_distributed
-from durableruns.errors import FencedOut, Unsupported
+from durableruns.errors import FencedOut
 from durableruns.models import RunState, RunStatus, RunStep, StepStatus
 from durableruns.store.sql import notify_workers
 
@@ -80,18 +80,6 @@ def wake_workers() -> None:
     """Wake idle workers when this transaction commits (PostgreSQL; elsewhere they poll)."""
     if connections[conf.database()].vendor == "postgresql":
         notify_workers()
-
-
-def refuse_limit_on_a_cluster(workflow: str, concurrency_key: str | None) -> None:
-    """Unsupported for a run of a limited workflow (`concurrency_key` not None) on a record distributed by Citus,
-    before anything is recorded: there nothing would hold its key's runs back (durableruns.distribution dropped
-    the triggers that park and let them go), and a limit silently not kept is worse than a refusal."""
-    if concurrency_key is not None and is_distributed(conf.database()):
-        raise Unsupported(
-            f"concurrency limits are not supported on a record distributed by Citus, and {workflow} declares one: "
-            "nothing there would hold its runs back (docs/citus.md)",
-            workflow=workflow,
-        )
 
 
 def fast() -> bool:

@@ -520,19 +520,21 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
 def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps: FirstSteps, hints: bool,
                   queues: tuple[str, ...], skip: Collection[str],
                   before_first_intent: Callable[[str], None] | None) -> Claimed | None:
-    """The claim on a record distributed by Citus (store.spread): no concurrency limits there (docs/citus.md)."""
+    """The claim on a record distributed by Citus (store.spread), under this deploy's concurrency limits."""
     db = connections[conf.database()]
     lease = timedelta(seconds=lease_seconds)
     try:
         found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=_first_steps_json(first_steps),
-                             queues=queues, skip=skip, hints=hints, before_commit=before_first_intent)
+                             queues=queues, skip=skip, hints=hints, limits=limits(),
+                             before_commit=before_first_intent)
     except (DataError, IntegrityError):
         if not first_steps:
             raise
         # The database refused the first intent riding on the claim (as in _claim): nothing was taken; claim again
         # without it, so the engine records the intent on its own and only that run's turn ends.
         found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=_first_steps_json(()),
-                             queues=queues, skip=skip, hints=hints, before_commit=before_first_intent)
+                             queues=queues, skip=skip, hints=hints, limits=limits(),
+                             before_commit=before_first_intent)
     setattr(db, _PARKED_ATTRIBUTE, None)
     setattr(db, _NEXT_DUE_ATTRIBUTE, (time.monotonic(), found.next_due_seconds) if hints and not found.taken
             else None)
@@ -558,4 +560,8 @@ def _admitted(row: dict[str, Any], clock: Clock) -> bool:
     bound = limits().get(row["workflow"])
     if bound is None or row["concurrency_key"] is None or row["status"] == RunStatus.RUNNING:
         return True
+    if is_distributed(conf.database()):  # the cluster's admission, the same lock and a count across the shards
+        with connections[conf.database()].cursor() as cursor:
+            return spread.admitted(cursor, workflow=row["workflow"], key=row["concurrency_key"],
+                                   status=row["status"], run=row["run_id"], shift=clock.shift, limits=limits())
     return admit(workflow=row["workflow"], key=row["concurrency_key"], limit=bound, run=row["run_id"], clock=clock)

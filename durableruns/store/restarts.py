@@ -22,7 +22,7 @@ from durableruns.encoding import storable
 from durableruns.errors import DuplicateRun, InvalidInput, RunNotActionable, RunNotFound
 from durableruns.models import Intervention, Resolution, RunState, RunStatus, RunStep, StepStatus
 from durableruns.plans import Plan
-from durableruns.store.base import DATABASE, ENDED, refuse_limit_on_a_cluster, wake_workers
+from durableruns.store.base import DATABASE, ENDED, wake_workers
 from durableruns.store.plans import record_plan
 
 _COPIED = ("step", "attempt", "effect_key", "started_at", "finished_at", "result", "loop_cursor", "progress")
@@ -54,7 +54,6 @@ def restart_in_commit(source_id: str, *, run_id: str, plan: Plan, from_step: str
                       user_id: int | None, note: str, now: Any, bulk_id: str | None = None) -> str:
     """Inside the caller's commit (record_restart's, or a bulk item's), with `plan` recorded already: record the
     restart at `now`, as record_restart says; return `run_id`."""
-    refuse_limit_on_a_cluster(plan.workflow, concurrency_key)
     names = plan.names
     if from_step not in names:
         raise InvalidInput(f"{from_step!r} is not a step of {plan.workflow}'s plan ({', '.join(names)})",

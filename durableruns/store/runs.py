@@ -27,7 +27,6 @@ from durableruns.store.base import (
     fast,
     fence,
     lease_times,
-    refuse_limit_on_a_cluster,
     wake_workers,
 )
 from durableruns.store.cancels import SYSTEM_ACTOR, announce_cancelled, cancel_with
@@ -139,7 +138,6 @@ def create_run(*, run_id: str, workflow: str, plan_fingerprint: str, input: dict
     it joins it (behind a savepoint, so a duplicate does not break it): the run then exists exactly when the
     caller's own records do.
     """
-    refuse_limit_on_a_cluster(workflow, concurrency_key)
     deferred = "" if run_after is None else DEFERRED
     created = clock.expression()  # one reading on SQLite: a deadline span is counted from the very same moment
     deadline_at: Any = deadline

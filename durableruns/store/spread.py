@@ -15,12 +15,25 @@ One clock per decision: each transaction first reads the coordinator's now() (a 
 runs there), and every time compared or written in it is that value (Citus evaluates now() in an UPDATE or INSERT
 on the coordinator as well, before routing it). Oldest-first holds across the cluster up to the candidates read,
 which a concurrent claimer may take first: then the next is tried.
+
+Concurrency limits (`Workflow(concurrency=, concurrency_key=)`): a run of a limited workflow that does not hold a
+slot yet (not running) is taken only while its (workflow, key) has fewer runs holding a slot than the limit: the
+running ones, and those someone else ended while their worker may still be inside a call (a live lease kept), as
+on one node. The slots of a key may be held on every node, so the count is a read across the shards; two claims
+must not both count 2 of 3 and take the last slot, so the admission first takes the key's transaction-scoped
+advisory lock on the coordinator (the lock the single node's durableruns_admit takes), then counts in a statement
+of its own (a snapshot taken after the lock, which sees every claim of the key committed before it), then takes
+the run; the lock is let go when the take commits. The take's commit stays on the run's node alone: the other
+nodes were only read. Nothing is parked here (parking and letting go are triggers that would reach other shards):
+the candidate read leaves out the limited runs whose key is full, read in the same pass, so a held-back run is
+walked past, costs no lock, and is taken by the first claim after a slot frees (the worker whose run freed it
+claims again at once; an idle one when the run it was timed for comes due, or at its poll).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,11 +49,36 @@ _DUE = """((status IN ('pending', 'running') AND (status = 'pending' OR lease_ex
           OR (status = 'waiting' AND wake_at <= %(now)s))"""
 
 _CANDIDATES = """SELECT run_id FROM run_state
- WHERE """ + _DUE + """{queues}{skip}
+ WHERE """ + _DUE + """{queues}{skip}{full}
  ORDER BY priority DESC, CASE WHEN status = 'waiting' THEN wake_at ELSE created_at END, created_at
  LIMIT %(limit)s"""
 
-_LOCK = "SELECT run_id FROM run_state WHERE run_id = %(run)s AND " + _DUE + "{queues} FOR UPDATE SKIP LOCKED"
+_LOCK = """SELECT workflow, concurrency_key, status FROM run_state
+ WHERE run_id = %(run)s AND """ + _DUE + "{queues} FOR UPDATE SKIP LOCKED"
+
+# The runs holding a slot of a limited (workflow, key): running, or ended by someone else with the lease they had
+# still live (each arm read through its partial index: run_state_limit_running_idx, run_state_limit_held_idx).
+_HOLDING = """SELECT workflow, concurrency_key, run_id FROM run_state
+  WHERE status = 'running' AND concurrency_key IS NOT NULL AND workflow = ANY(%(limited)s::text[])
+ UNION ALL
+ SELECT workflow, concurrency_key, run_id FROM run_state
+  WHERE status <> 'running' AND concurrency_key IS NOT NULL AND lease_expires_at IS NOT NULL
+    AND lease_expires_at > %(now)s AND workflow = ANY(%(limited)s::text[])"""
+
+# The keys of this deploy's limits whose slots are all held: their runs not yet holding one are not candidates.
+_FULL_KEYS = """SELECT workflow || E'\\n' || concurrency_key FROM (""" + _HOLDING + """) AS holding
+ GROUP BY workflow, concurrency_key HAVING count(*) >= (%(limits)s::jsonb ->> workflow)::int"""
+
+_NOT_FULL = """
+   AND NOT (concurrency_key IS NOT NULL AND status <> 'running'
+            AND workflow || E'\\n' || concurrency_key = ANY(%(full)s::text[]))"""
+
+_ADMIT_LOCK = ("SELECT pg_advisory_xact_lock(hashtext('durableruns.concurrency'), "
+               "hashtext(%(workflow)s || E'\\n' || %(key)s))")
+
+# How many others hold a slot of the run's key (the run itself may keep a lease it had: not counted against it).
+_HOLDERS = """SELECT count(*) FROM (""" + _HOLDING + """) AS holding
+ WHERE workflow = %(workflow)s AND concurrency_key = %(key)s AND run_id <> %(run)s"""
 
 _TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
        lease_expires_at = %(now)s::timestamptz + %(lease)s, wake_at = NULL, updated_at = %(now)s, debounce_key = NULL
@@ -55,8 +93,13 @@ _FIRST_INTENT = """INSERT INTO run_step (run_id, step, attempt, status, effect_k
 VALUES (%(run)s, %(step)s, 1, 'started', %(key)s, %(now)s, %(now)s::timestamptz + %(lease)s, NULL, NULL, '', '',
         %(owner)s, %(epoch)s, 0, '{}'::jsonb)"""
 
+# When the next run comes due by itself: a wake time, a lease running out, or a slot someone else's cancel left
+# held until the lease it had runs out (a run of its key held back until then).
 _NEXT_DUE = """SELECT (SELECT min(wake_at) FROM run_state WHERE status = 'waiting'),
-       (SELECT min(lease_expires_at) FROM run_state WHERE status = 'running')"""
+       (SELECT min(lease_expires_at) FROM run_state WHERE status = 'running'),
+       (SELECT min(lease_expires_at) FROM run_state
+         WHERE status <> 'running' AND concurrency_key IS NOT NULL AND lease_expires_at IS NOT NULL
+           AND lease_expires_at > %(now)s)"""
 
 
 @dataclass(frozen=True)
@@ -94,43 +137,72 @@ def _now(cursor: Any, shift: timedelta) -> datetime:
 
 
 def claim(*, owner: str, shift: timedelta, lease: timedelta, first_steps: str, queues: tuple[str, ...] = (),
-          skip: Collection[str] = (), hints: bool = False,
+          skip: Collection[str] = (), hints: bool = False, limits: Mapping[str, int] | None = None,
           before_commit: Callable[[str], None] | None = None) -> Pass:
-    """Take the first due run in the claim's order that no other worker holds (the module's docstring).
-    `before_commit(step)` (fault injection) is called with the transaction still open when a first intent rode
-    on the claim, as the single-node claim calls it."""
+    """Take the first due run in the claim's order that no other worker holds, under this deploy's concurrency
+    `limits` (workflow -> limit) (the module's docstring). `before_commit(step)` (fault injection) is called with
+    the transaction still open when a first intent rode on the claim, as the single-node claim calls it."""
     using = conf.database()
     queue_filter = "\n   AND queue = ANY(%(queues)s::text[])" if queues else ""
     skip_filter = "\n   AND run_id <> ALL(%(skip)s::text[])" if skip else ""
     params: dict[str, Any] = {"owner": owner, "lease": lease, "limit": CANDIDATES, "queues": list(queues),
-                              "skip": sorted(skip)}
+                              "skip": sorted(skip), "limits": json.dumps(dict(limits or {})),
+                              "limited": sorted(limits or {})}
+    full_filter = ""
     with connections[using].cursor() as cursor:
         params["now"] = _now(cursor, shift)
-        cursor.execute(_CANDIDATES.format(queues=queue_filter, skip=skip_filter), params)
+        if limits:
+            cursor.execute(_FULL_KEYS, params)
+            params["full"] = [row[0] for row in cursor.fetchall()]
+            full_filter = _NOT_FULL if params["full"] else ""
+        cursor.execute(_CANDIDATES.format(queues=queue_filter, skip=skip_filter, full=full_filter), params)
         candidates = [row[0] for row in cursor.fetchall()]
     firsts = {(f["workflow"], f["fingerprint"]): f["step"] for f in json.loads(first_steps)}
     for index, run_id in enumerate(candidates):
-        taken = _take(using, run_id, params | {"run": run_id}, shift, queue_filter, firsts, before_commit)
+        taken = _take(using, run_id, params | {"run": run_id}, shift, queue_filter, firsts, limits or {},
+                      before_commit)
         if taken is not None:
             return Pass(taken=taken, more_due=index + 1 < len(candidates), next_due_seconds=None)
     next_due = None
     if hints and not candidates:
         with connections[using].cursor() as cursor:
             now = _now(cursor, shift)
-            cursor.execute(_NEXT_DUE)
+            cursor.execute(_NEXT_DUE, {"now": now})
             times = [t for t in cursor.fetchone() if t is not None]
         next_due = (min(times) - now).total_seconds() if times else None
     return Pass(taken=None, more_due=bool(candidates), next_due_seconds=next_due)
 
 
+def admitted(cursor: Any, *, workflow: str, key: str | None, status: str, run: str, shift: timedelta,
+             limits: Mapping[str, int]) -> bool:
+    """Whether `run` may take a slot of its (workflow, key), inside the transaction that takes it (the module's
+    docstring): a run not limited, or already running (its worker died: it keeps its slot), always may. The
+    leases are judged by the coordinator's clock read after the key's lock."""
+    bound = limits.get(workflow)
+    if bound is None or key is None or status == "running":
+        return True
+    params: dict[str, Any] = {"workflow": workflow, "key": key, "run": run, "limited": [workflow]}
+    cursor.execute(_ADMIT_LOCK, params)
+    params["now"] = _now(cursor, shift)
+    cursor.execute(_HOLDERS, params)
+    (holding,) = cursor.fetchone()
+    return int(holding) < bound
+
+
 def _take(using: str, run_id: str, params: dict[str, Any], shift: timedelta, queue_filter: str,
-          firsts: dict[tuple[str, str], str], before_commit: Callable[[str], None] | None) -> Taken | None:
-    """Lock, take and read one run, and record its first intent if fresh: one transaction on its shard."""
+          firsts: dict[tuple[str, str], str], limits: Mapping[str, int],
+          before_commit: Callable[[str], None] | None) -> Taken | None:
+    """Lock, admit under its limit, take and read one run, and record its first intent if fresh: one transaction
+    written on its shard alone."""
     with transaction.atomic(using=using, durable=True), connections[using].cursor() as cursor:
         params = params | {"now": _now(cursor, shift)}
         cursor.execute(_LOCK.format(queues=queue_filter), params)
-        if cursor.fetchone() is None:
+        locked = cursor.fetchone()
+        if locked is None:
             return None  # another worker holds it, or took it since the read
+        workflow, key, status = locked
+        if not admitted(cursor, workflow=workflow, key=key, status=status, run=run_id, shift=shift, limits=limits):
+            return None  # its key's slots filled since the read: walked past, nothing written
         cursor.execute(_TAKE, params)
         (run, epoch, workflow, fingerprint, payload, cursor_at, ending, key_run_id, trace,
          deadline_at) = cursor.fetchone()

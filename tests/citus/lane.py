@@ -51,6 +51,8 @@ DEFAULT = [
     "tests/integration/test_holdings_missing_step.py",
     "tests/integration/test_connections.py",
     "tests/integration/test_plans_in_process.py",
+    "tests/integration/test_limits.py",  # concurrency limits: admitted across the shards, two worker processes
+    "tests/integration/test_limits_cancel.py",
     "tests/faults/test_crash_matrix.py::test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice",
     # The back office on a cluster: the escalation queue (its order by what a run holds), the inbox (its count,
     # items, take and release, reminders), bulk acts (the runs list's filters, a bulk decision), and a debounced

@@ -130,15 +130,50 @@ def test_a_debounced_start_is_refused_clearly_and_records_nothing() -> None:
     assert not RunState.objects.exists()
 
 
-def test_a_run_of_a_limited_workflow_is_refused_clearly_and_records_nothing() -> None:
-    """Nothing on a distributed record would hold a limited workflow's runs back: refused, not run unlimited."""
-    with pytest.raises(Unsupported, match="concurrency limits are not supported .* and limited declares one"):
-        durableruns.start("limited", {"n": 1})
-    with pytest.raises(Unsupported, match="and keyed declares one"):
-        durableruns.start("keyed", {"buyer": "acme"})
-    assert not RunState.objects.exists()
-    durableruns.start("order", {"extra": 0}, run_id="unlimited")  # a workflow without a limit starts as ever
-    assert RunState.objects.filter(pk="unlimited").exists()
+def test_limited_runs_on_both_nodes_keep_their_limit_and_their_claims_make_no_two_phase_commit(
+    workers: Workers, far: Any
+) -> None:
+    """Runs of a workflow limited to 3 and of one limited to 1 per buyer, on both worker nodes, drained by two
+    worker processes of 6 threads: each claim counts its key's slots across the shards under the key's lock on
+    the coordinator, and still commits on the run's node alone. The steps' own times (each records when its work
+    began and ended) never show more than 3 at once, nor two runs of one buyer overlapping."""
+    durableruns.start("limited", {"n": -1}, run_id="warm-l")  # the plans' first records: reference tables
+    durableruns.start("keyed", {"buyer": "warm"}, run_id="warm-k")
+    before = two_phase_commits()
+    limited = [durableruns.start("limited", {"n": n}) for n in range(18)]
+    acme = [durableruns.start("keyed", {"buyer": "acme"}) for _ in range(5)]
+    nodes = query(
+        "SELECT count(DISTINCT pl.groupid) FROM unnest(%s::text[]) AS r(run_id) "
+        "JOIN pg_dist_placement pl ON pl.shardid = get_shard_id_for_distribution_column('run_state', r.run_id)",
+        [limited],
+    )
+    assert nodes[0][0] == 2
+    done = [workers.start("--once", "--concurrency", "6", TEST_LIMITED_SECONDS="0.05") for _ in range(2)]
+    for worker in done:
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+    wait_until(
+        lambda: RunState.objects.filter(pk__in=[*limited, *acme, "warm-l", "warm-k"], status="completed").count() == 25,
+        timeout=60,
+        what="every run completed",
+    )
+    assert two_phase_commits() == before, query("SELECT gid FROM pg_dist_transaction ORDER BY gid")
+
+    def spans(run_ids: list[str]) -> list[tuple[float, float]]:
+        results = RunStep.objects.filter(run_id__in=run_ids, status="completed").values_list("run_id", "result")
+        by_run: dict[str, list[float]] = {}
+        for run_id, result in results:
+            by_run.setdefault(run_id, []).extend([result["began"], result["ended"]])
+        return sorted((min(times), max(times)) for times in by_run.values())
+
+    moments = sorted([(start, 1) for start, _ in spans(limited)] + [(end, -1) for _, end in spans(limited)])
+    in_hand, most = 0, 0
+    for _, change in moments:  # an end sorts before a start at the same instant
+        in_hand += change
+        most = max(most, in_hand)
+    assert most == 3  # reached, never passed
+    runs = spans(acme)
+    assert all(end <= start for (_, end), (start, _) in zip(runs, runs[1:], strict=False)), runs
 
 
 def test_an_idle_worker_listens_on_the_coordinator_and_a_start_or_an_event_wakes_it(workers: Workers, far: Any) -> None:

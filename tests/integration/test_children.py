@@ -20,11 +20,10 @@ import durableruns
 from durableruns import services, store, testing
 from durableruns.children import child_run_id
 from durableruns.clock import Clock
-from durableruns.errors import InvalidInput, Unsupported
+from durableruns.errors import InvalidInput
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.waits import JOIN_RECHECK
 from project.purchasing.far import FarSystems
-from tests.conftest import CITUS_LANE
 from tests.workflows import warehouses
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,11 +85,6 @@ def test_a_step_run_again_starts_nothing_twice_and_other_input_under_a_key_is_re
         children.start(lease, "book_warehouses", "booking", {}, key="k" * 200)
     assert len(kids(run_id)) == 2
 
-    if CITUS_LANE:  # a distributed record refuses runs of limited workflows, children too, recording nothing
-        with pytest.raises(Unsupported, match="concurrency limits are not supported"):
-            children.start(lease, "book_warehouses", "keyed", {"buyer": "acme"}, key="acme")
-        assert len(kids(run_id)) == 2
-        return
     # A child of a limited workflow counts under its limit as a run start() made would: its key asked once.
     keyed = children.start(lease, "book_warehouses", "keyed", {"buyer": "acme"}, key="acme")
     limited = children.start(lease, "book_warehouses", "limited", {"n": 1}, key="one")
