@@ -14,10 +14,11 @@ run's fenced commit (docs/citus.md says why each may stay there).
 What Citus refuses, and what replaces it:
 
 - A unique key of a distributed table must hold run_id: run_event's primary key becomes (run_id, id); the
-  debounce key's uniqueness across runs (run_state_debounce_key_uniq) cannot be kept, so debounced starts are not
-  supported on a distributed record. A reference table cannot reference a distributed one: the foreign keys from
-  run_escalation and run_intervention to run_state are dropped (Django deletes a run's escalations and decisions
-  with it, as it always did: its foreign keys cascade in Python, not in the database).
+  debounce key's unique index (run_state_debounce_key_uniq) becomes a plain one on the same runs
+  (run_state_debounce_key_idx), and a debounced start keeps the key's one run not begun by taking the key's lock
+  on the coordinator first (store.debounce). A reference table cannot reference a distributed one: the foreign
+  keys from run_escalation and run_intervention to run_state are dropped (Django deletes a run's escalations and
+  decisions with it, as it always did: its foreign keys cascade in Python, not in the database).
 - Triggers on run_state: the run_count triggers (they write another table, on the coordinator) are dropped, and
   the metrics' count of finished runs reads run_state itself, in parallel on every node (ops.metrics); the
   concurrency-limit triggers (they let a parked run of the same key go, which may sit on another shard) are
@@ -54,6 +55,12 @@ DROPPED_TRIGGERS = (
 
 # Unique keys of distributed tables that do not hold run_id.
 _DROPPED_INDEXES = ("run_state_debounce_key_uniq",)
+# What replaces them: the same runs indexed without uniqueness (a debounced start finds its key's run through it).
+_DEBOUNCE_INDEX = "run_state_debounce_key_idx"
+_DEBOUNCE_INDEX_SQL = (
+    f"CREATE INDEX IF NOT EXISTS {_DEBOUNCE_INDEX} ON run_state (workflow, debounce_key) "
+    "WHERE debounce_key IS NOT NULL AND status IN ('pending', 'waiting')"
+)
 # Distributed tables whose primary key (id) becomes (run_id, id).
 _RUN_ID_KEYS = ("run_event",)
 
@@ -148,6 +155,7 @@ def distribute(using: str) -> Layout:
             )
             for index in _DROPPED_INDEXES:
                 cursor.execute(f"DROP INDEX IF EXISTS {index}")
+            cursor.execute(_DEBOUNCE_INDEX_SQL)
             # Django names its foreign keys by a hash: find those from the reference tables to run_state.
             cursor.execute(
                 "SELECT conrelid::regclass::text, conname FROM pg_constraint WHERE contype = 'f' "
@@ -172,5 +180,10 @@ def distribute(using: str) -> Layout:
                 moves.append(
                     f"{table}: distributed by run_id" + ("" if table == "run_state" else ", co-located with run_state")
                 )
+        # A record laid out by a release before debounced starts ran on a cluster: its index, built on the shards.
+        cursor.execute("SELECT to_regclass(%s) IS NULL", [_DEBOUNCE_INDEX])
+        if cursor.fetchone()[0]:
+            cursor.execute(_DEBOUNCE_INDEX_SQL)
+            moves.append(f"run_state: index {_DEBOUNCE_INDEX} (the runs a debounced start may replace)")
     forget_layout()
     return Layout(moves=tuple(moves))

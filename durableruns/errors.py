@@ -146,8 +146,10 @@ class NotMeasurable(DurableRunsError):
 
 
 class Unsupported(DurableRunsError):
-    """What was asked cannot be done on this site's record as it is laid out (on a record distributed by Citus,
-    docs/citus.md: a debounced start): refused before anything is recorded."""
+    """What was asked cannot be done on this site's record as it is laid out: refused before anything is recorded
+    (the API's 400 `unsupported`). Until 0.2.0's last changes a record distributed by Citus refused debounced starts
+    and runs of limited workflows with it; both run there now (docs/citus.md), and nothing raises it. Kept so that
+    code catching it stays valid."""
 
 
 class Rejected(Exception):

@@ -8,6 +8,14 @@ UPDATE that takes it (store.claims), so a start and a claim meet on the row's lo
 claim's commit finds no run to replace and records a new one (PostgreSQL's ON CONFLICT looks again once the
 row it waited on is committed, and that row no longer conflicts). Concurrent starts with one key meet on the
 unique index: one inserts, the others replace its input, and all return its run id.
+
+On a record distributed by Citus the runs with one key may sit on any shard, and a unique key without run_id
+cannot be kept there (distribute_runs drops run_state_debounce_key_uniq and indexes the same runs without
+uniqueness). The key's uniqueness is kept by serializing its starts instead: a debounced start first takes the
+key's transaction-scoped advisory lock on the coordinator, then looks for the run not begun with the key across
+the shards, in a statement after the lock (so it sees every start of the key committed before it got the lock),
+locks that run by its id and replaces its input if it has still not begun (a claim that took it meanwhile cleared
+its key: then a new run is recorded). The writes name one run_id, so the commit is that run's node's alone.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from durableruns import conf, signals
 from durableruns.clock import Clock
 from durableruns.distribution import is_distributed
 from durableruns.encoding import to_json
-from durableruns.errors import DuplicateRun, Unsupported
+from durableruns.errors import DuplicateRun
 from durableruns.models import DEBOUNCING, RunState, RunStatus
 from durableruns.plans import Plan
 from durableruns.store.attributes import write_attributes
@@ -55,6 +63,10 @@ SELECT run_id, created, pg_notify('"""
 )
 
 
+# A debounce key's starts, one at a time, on a distributed record (the module's docstring): a lock space of its own.
+_KEY_LOCK = "SELECT pg_advisory_xact_lock(hashtext('durableruns.debounce'), hashtext(%s || E'\\n' || %s))"
+
+
 def debounce_run(
     *,
     run_id: str,
@@ -77,16 +89,7 @@ def debounce_run(
     and move the start of the run with that key that has not begun yet; return its run id and whether it is new.
     A new run's id is `run_id` (a run already recorded under that id: DuplicateRun). `attributes` (checked
     already) are recorded, or replace the run's, in the same commit; a new run records `deadline` (a span from
-    its creation, or a time) and `on_deadline` (durableruns.deadlines).
-
-    On a record distributed by Citus: Unsupported, before anything is recorded (the key's uniqueness across runs,
-    which a debounce rests on, cannot be kept there: durableruns.distribution)."""
-    if is_distributed(conf.database()):
-        raise Unsupported(
-            "debounced starts are not supported on a record distributed by Citus (a debounce key cannot be kept "
-            "unique across shards): start the run without debounce= and key=",
-            workflow=workflow,
-        )
+    its creation, or a time) and `on_deadline` (durableruns.deadlines)."""
     if plan is not None:
         record_plan(plan, clock=clock)  # its own commit, once per fingerprint and process
     if not attributes and deadline is None and not connections[conf.database()].in_atomic_block and fast():
@@ -150,14 +153,25 @@ def _orm_debounce(
     deadline: timedelta | datetime | None,
     on_deadline: str | None,
 ) -> tuple[str, bool]:
-    """The portable path (SQLite; PostgreSQL inside a caller's transaction): replace the run not begun with the
-    key, else create one; a create that meets a concurrent one on the unique index replaces that one instead."""
+    """The portable path (SQLite; PostgreSQL inside a caller's transaction; a record distributed by Citus): replace
+    the run not begun with the key, else create one; a create that meets a concurrent one on the unique index
+    replaces that one instead. On a distributed record the key's starts are serialized by its lock (the module's
+    docstring)."""
     database = conf.database()
+    spread = is_distributed(database)
     for _ in range(3):
         try:
             with transaction.atomic(using=database):
                 pending = RunState.objects.filter(DEBOUNCING, workflow=workflow, debounce_key=key)
-                found = pending.select_for_update().values_list("run_id", flat=True).first()
+                if spread:
+                    with connections[database].cursor() as cursor:
+                        cursor.execute(_KEY_LOCK, [workflow, key])
+                    seen = pending.values_list("run_id", flat=True).first()  # across the shards, after the lock
+                    # Locked by its id, on its shard: a claim that took it since has cleared its key.
+                    found = (None if seen is None else
+                             pending.filter(run_id=seen).select_for_update().values_list("run_id", flat=True).first())
+                else:
+                    found = pending.select_for_update().values_list("run_id", flat=True).first()
                 if found is not None:
                     pending.filter(run_id=found).update(
                         input=input,

@@ -7,25 +7,10 @@ import json
 import pytest
 
 from durableruns.models import RunState, RunStatus
-from tests.conftest import CITUS_LANE
 
 pytestmark = pytest.mark.django_db(transaction=True)
-on_one_node = pytest.mark.skipif(CITUS_LANE, reason="debounced starts are refused on a Citus-distributed record")
 
 
-@pytest.mark.skipif(not CITUS_LANE, reason="the Citus lane's (python -m tests.citus.lane)")
-def test_on_a_citus_record_a_debounced_start_is_refused_400_and_records_nothing(client_for, starter):
-    response = client_for(starter).post(
-        "/api/runs/",
-        {"workflow": "requote", "input": {"edit": 1}, "debounce_seconds": 30, "key": "order-17"},
-        format="json",
-    )
-    assert response.status_code == 400, response.content
-    assert response.json()["code"] == "unsupported" and "not supported" in response.json()["detail"]
-    assert not RunState.objects.exists()
-
-
-@on_one_node
 def test_debounced_starts_answer_the_same_run_with_the_last_input(client_for, starter):
     client = client_for(starter)
     ids = []

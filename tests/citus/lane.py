@@ -55,8 +55,8 @@ DEFAULT = [
     "tests/integration/test_limits_cancel.py",
     "tests/faults/test_crash_matrix.py::test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice",
     # The back office on a cluster: the escalation queue (its order by what a run holds), the inbox (its count,
-    # items, take and release, reminders), bulk acts (the runs list's filters, a bulk decision), and a debounced
-    # start refused with a clear error. `python -m tests.citus.lane tests/admin tests/api` runs them all (they
+    # items, take and release, reminders), bulk acts (the runs list's filters, a bulk decision), and debounced
+    # starts through the API. `python -m tests.citus.lane tests/admin tests/api` runs them all (they
     # pass, less one that counts the single-node queries of the runs list: docs/citus.md).
     "tests/admin/test_escalations.py",
     "tests/admin/test_holdings_display.py",
@@ -65,7 +65,8 @@ DEFAULT = [
     "tests/admin/test_bulk.py",
     "tests/integration/test_bulk.py",
     "tests/integration/test_inbox_workers.py",  # three --loop workers, one SIGKILLed, read skew across nodes
-    "tests/api/test_debounce.py::test_on_a_citus_record_a_debounced_start_is_refused_400_and_records_nothing",
+    "tests/integration/test_debounce.py",  # debounced starts: the key's turn taken on the coordinator
+    "tests/api/test_debounce.py",
     # Two that fail on a cluster (docs/citus.md, "What the test lane showed"): a parent woken by its two last
     # children ending at once, and a child recorded while its parent is being cancelled (it times the lock waits
     # of the single-node statements).

@@ -12,7 +12,6 @@ from django.core.management import call_command
 from django.db import connection
 
 import durableruns
-from durableruns.errors import Unsupported
 from durableruns.models import RunState, RunStep
 from durableruns.store.sql import WAKE_CHANNEL
 from tests.conftest import Workers, database_url, wait_until
@@ -123,18 +122,51 @@ def test_a_start_and_an_event_each_notify_the_coordinators_listeners(workers: Wo
         assert len(list(listener.notifies(timeout=2, stop_after=1))) == 1, "an event notified nobody"
 
 
-def test_a_debounced_start_is_refused_clearly_and_records_nothing() -> None:
-    """A debounce rests on its key's uniqueness across runs, which a distributed record cannot keep."""
-    with pytest.raises(Unsupported, match="debounced starts are not supported on a record distributed by Citus"):
-        durableruns.start("requote", {"edit": 1}, debounce=timedelta(seconds=30), key="order-17")
-    assert not RunState.objects.exists()
+def test_debounced_starts_with_one_key_on_every_thread_make_one_run_and_no_two_phase_commit() -> None:
+    """Four keys, each started 3 times by each of 6 threads at once (a barrier): the key's lock on the coordinator
+    stands in for the unique index a distributed record cannot keep, so each key has exactly one run, every start
+    answered with its id; and each start commits on its run's node alone."""
+    import threading
+
+    from django.db import connections
+
+    durableruns.start("requote", {"edit": -1}, debounce=timedelta(seconds=30), key="warm")  # the plan's record
+    before = two_phase_commits()
+    keys = [f"order-{k}" for k in range(4)]
+    barrier = threading.Barrier(6)
+    answers: dict[str, set[str]] = {key: set() for key in keys}
+    errors: list[BaseException] = []
+
+    def start(n: int) -> None:
+        try:
+            barrier.wait()
+            for round in range(3):
+                for key in keys:
+                    run_id = durableruns.start(
+                        "requote", {"edit": n * 10 + round}, debounce=timedelta(seconds=30), key=key
+                    )
+                    answers[key].add(run_id)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    runs = dict(RunState.objects.filter(debounce_key__in=keys).values_list("debounce_key", "run_id"))
+    assert {key: {runs[key]} for key in keys} == answers
+    assert two_phase_commits() == before, query("SELECT gid FROM pg_dist_transaction ORDER BY gid")
 
 
 def test_limited_runs_on_both_nodes_keep_their_limit_and_their_claims_make_no_two_phase_commit(
     workers: Workers, far: Any
 ) -> None:
     """Runs of a workflow limited to 3 and of one limited to 1 per buyer, on both worker nodes, drained by two
-    worker processes of 6 threads: each claim counts its key's slots across the shards under the key's lock on
+    --loop worker processes of 6 threads: each claim counts its key's slots across the shards under the key's lock on
     the coordinator, and still commits on the run's node alone. The steps' own times (each records when its work
     began and ended) never show more than 3 at once, nor two runs of one buyer overlapping."""
     durableruns.start("limited", {"n": -1}, run_id="warm-l")  # the plans' first records: reference tables
@@ -148,15 +180,15 @@ def test_limited_runs_on_both_nodes_keep_their_limit_and_their_claims_make_no_tw
         [limited],
     )
     assert nodes[0][0] == 2
-    done = [workers.start("--once", "--concurrency", "6", TEST_LIMITED_SECONDS="0.05") for _ in range(2)]
-    for worker in done:
-        _, err = worker.communicate(timeout=120)
-        assert worker.returncode == 0, err
+    # --loop: a thread that finds every due run's key full waits for work instead of ending its pass
+    for name in ("w1", "w2"):
+        workers.start("--loop", "--concurrency", "6", "--interval", "0.5", "--worker", name, TEST_LIMITED_SECONDS="0.1")
     wait_until(
         lambda: RunState.objects.filter(pk__in=[*limited, *acme, "warm-l", "warm-k"], status="completed").count() == 25,
-        timeout=60,
+        timeout=90,
         what="every run completed",
     )
+    workers.stop_all()
     assert two_phase_commits() == before, query("SELECT gid FROM pg_dist_transaction ORDER BY gid")
 
     def spans(run_ids: list[str]) -> list[tuple[float, float]]:

@@ -54,6 +54,12 @@ def test_runs_parked_by_a_limit_before_the_layout_are_pending_after_it_and_a_wor
             [PARKED],
         )
         manage("distribute_runs")
+        # The debounce key's unique index (a key without run_id) became a plain one on the same runs.
+        indexes = cluster.coordinator.query(
+            "SELECT to_regclass('run_state_debounce_key_uniq') IS NULL, "
+            "to_regclass('run_state_debounce_key_idx') IS NULL"
+        )
+        assert indexes == [(True, False)]
         states = dict(cluster.coordinator.query("SELECT run_id, status FROM run_state"))
         assert states == {f"l{n}": "pending" for n in range(5)}, states
         manage("resume_runs", "--once", "--concurrency", "4")

@@ -15,15 +15,9 @@ from durableruns import services
 from durableruns.clock import Clock
 from durableruns.errors import InvalidInput
 from durableruns.models import RunState, RunStatus, RunStep
-from tests.conftest import CITUS_LANE, wait_until
+from tests.conftest import wait_until
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        CITUS_LANE,
-        reason="debounced starts are refused on a Citus-distributed record (tests/citus tests the refusal)",
-    ),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_starts_with_one_key_make_one_run_with_the_last_input_due_after_the_last_start():
