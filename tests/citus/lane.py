@@ -67,13 +67,6 @@ DEFAULT = [
     "tests/integration/test_inbox_workers.py",  # three --loop workers, one SIGKILLed, read skew across nodes
     "tests/integration/test_debounce.py",  # debounced starts: the key's turn taken on the coordinator
     "tests/api/test_debounce.py",
-    # Two that fail on a cluster (docs/citus.md, "What the test lane showed"): a parent woken by its two last
-    # children ending at once, and a child recorded while its parent is being cancelled (it times the lock waits
-    # of the single-node statements).
-    "--deselect",
-    "tests/integration/test_children.py::test_two_last_children_ending_at_once_still_wake_their_parent_at_once",
-    "--deselect",
-    "tests/integration/test_children.py::test_a_child_recorded_while_its_parent_is_being_cancelled_is_cancelled_too",
 ]
 
 

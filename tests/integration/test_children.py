@@ -24,6 +24,7 @@ from durableruns.errors import InvalidInput
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from durableruns.waits import JOIN_RECHECK
 from project.purchasing.far import FarSystems
+from tests.conftest import CITUS_LANE
 from tests.workflows import warehouses
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -190,6 +191,17 @@ def test_show_run_lists_a_runs_children_and_names_a_childs_parent(far: FarSystem
     assert "children" not in shown(north) and "child of" not in shown(run_id)
 
 
+def lock_waits(watcher, blocker) -> int:
+    """How many sessions of this database wait on a lock, the blocker's aside. On a Citus cluster a statement on a
+    run's row waits on the node holding the run's shard: citus_stat_activity shows every node's sessions."""
+    if CITUS_LANE:
+        sql = "SELECT count(*) FROM citus_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        return int(watcher.execute(sql).fetchone()[0])
+    sql = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s "
+           "AND datname = current_database()")
+    return int(watcher.execute(sql, [blocker.info.backend_pid]).fetchone()[0])
+
+
 @pytest.mark.postgres
 def test_two_last_children_ending_at_once_still_wake_their_parent_at_once(far: FarSystems) -> None:
     """Two last children end at the same moment: each end's statement sees the other still running, so neither
@@ -226,11 +238,9 @@ def test_two_last_children_ending_at_once_still_wake_their_parent_at_once(far: F
             assert b_at_its_end.wait(30)
             blocker.execute("SELECT 1 FROM run_state WHERE run_id = %s FOR UPDATE", [b])  # held until commit
             row_locked.set()
-            waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s "
-                       "AND datname = current_database()")
             deadline = time.monotonic() + 10
             with psycopg.connect(**plain_params("default"), autocommit=True) as watcher:
-                while watcher.execute(waiting, [blocker.info.backend_pid]).fetchone()[0] < 1:
+                while lock_waits(watcher, blocker) < 1:
                     assert time.monotonic() < deadline, "child B's last statement never waited on its row"
                     time.sleep(0.01)
             services.resume_due(run_id=a)  # A ends and commits while B's statement waits
@@ -347,12 +357,9 @@ def test_a_child_recorded_while_its_parent_is_being_cancelled_is_cancelled_too(f
         thread.start()
         return thread
 
-    waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s "
-               "AND datname = current_database()")
-
     def until_waiting(watcher, blocker, n: int, what: str) -> None:
         deadline = time.monotonic() + 10
-        while watcher.execute(waiting, [blocker.info.backend_pid]).fetchone()[0] < n:
+        while lock_waits(watcher, blocker) < n:
             assert time.monotonic() < deadline, what
             time.sleep(0.01)
 
