@@ -208,6 +208,33 @@ def test_limited_runs_on_both_nodes_keep_their_limit_and_their_claims_make_no_tw
     assert all(end <= start for (_, end), (start, _) in zip(runs, runs[1:], strict=False)), runs
 
 
+def test_rate_limited_steps_keep_their_rate_and_their_turns_make_no_two_phase_commit(
+    workers: Workers, far: Any
+) -> None:
+    """15 runs whose booking step is limited to 5 a second per carrier, two --loop workers: the turns are recorded
+    on the coordinator (run_rate_turn) and a run that must wait is handed back on its own shard, each its own
+    commit, so no two-phase commit; no second of the carrier's clock holds more than 5 bookings, each run books
+    once, and the last books at least 2 s after the first (15 at 5 a second: runs waited for their turns)."""
+    from tests.integration.test_rates import MARGIN, _bookings, _most_in_a_window
+
+    durableruns.start("rated", {"carrier": "warm"}, run_id="warm-r")  # the plan's first record: a reference table
+    workers.run("--once", timeout=60)
+    before = two_phase_commits()
+    runs = [durableruns.start("rated", {"carrier": "dhl"}) for _ in range(15)]
+    for name in ("w1", "w2"):
+        workers.start("--loop", "--concurrency", "4", "--interval", "0.5", "--worker", name, **MARGIN)
+    wait_until(
+        lambda: RunState.objects.filter(pk__in=runs, status="completed").count() == 15,
+        timeout=90,
+        what="every run completed",
+    )
+    workers.stop_all()
+    assert two_phase_commits() == before, query("SELECT gid FROM pg_dist_transaction ORDER BY gid")
+    times = _bookings(far, runs)
+    assert _most_in_a_window(times) <= 5
+    assert times[-1] - times[0] >= 2
+
+
 def test_an_idle_worker_listens_on_the_coordinator_and_a_start_or_an_event_wakes_it(workers: Workers, far: Any) -> None:
     """LISTEN works through the coordinator: with a 30 s poll, a new run and an event are each worked at once."""
     worker = workers.start("--loop", "--interval", "30", "--concurrency", "2")
