@@ -32,6 +32,7 @@ from durableruns.clock import Clock
 from durableruns.distribution import is_distributed
 from durableruns.errors import InvalidInput
 from durableruns.models import Escalation, Intervention, RunAttribute, RunState, RunStatus, RunStep
+from durableruns.store.spread import lock_runs
 
 FINISHED: tuple[str, ...] = (RunStatus.COMPLETED, RunStatus.CANCELLED, RunStatus.FAILED)
 
@@ -112,7 +113,8 @@ def prune(
     selection = prunable(cutoff=report.cutoff, evidence_cutoff=report.evidence_cutoff, statuses=statuses)
     began = time.monotonic()
     after = ""
-    # On Citus a batch spread over the shards cannot be locked by one SELECT: the delete re-checks instead.
+    # On Citus a batch spread over the shards cannot be locked by one SELECT: it is read without locks, then locked
+    # shard by shard, skipping the runs another transaction holds (store.spread.lock_runs); the delete re-checks.
     spread = statuses if is_distributed(conf.database()) else ()
     while True:
         with transaction.atomic(using=conf.database(), durable=True):
@@ -124,10 +126,14 @@ def prune(
                 break
             ids = [pk for pk, _ in rows]
             after = ids[-1]
+            if spread and not dry_run:
+                held = lock_runs(ids, spread)
+                rows = [(pk, status) for pk, status in rows if pk in held]
+                ids = [pk for pk, _ in rows]
             if dry_run:
                 _count(report, ids)
                 report.run_ids.extend(ids)
-            else:
+            elif ids:
                 if archive is not None:
                     _archive(archive, ids)
                 for counter, deleted in store.delete_runs(ids, finished=spread).items():

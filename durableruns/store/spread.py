@@ -130,6 +130,29 @@ class Pass:
     next_due_seconds: float | None
 
 
+_SHARDS = "SELECT get_shard_id_for_distribution_column('run_state', r), r FROM unnest(%s::text[]) AS r"
+
+_LOCK_IN_SHARD = """SELECT run_id FROM run_state WHERE run_id = ANY(%s::text[]) AND status = ANY(%s::text[])
+   FOR UPDATE SKIP LOCKED"""
+
+
+def lock_runs(run_ids: list[str], statuses: Collection[str]) -> set[str]:
+    """Inside the caller's transaction: lock those of `run_ids` still in one of `statuses` that no other
+    transaction holds, skipping the others, as one node's `FOR UPDATE SKIP LOCKED` does; return their ids. Citus
+    runs that only in a statement routed to one shard: one statement per shard the runs are on."""
+    using = conf.database()
+    with connections[using].cursor() as cursor:
+        cursor.execute(_SHARDS, [run_ids])
+        by_shard: dict[int, list[str]] = {}
+        for shard, run_id in cursor.fetchall():
+            by_shard.setdefault(shard, []).append(run_id)
+        held: set[str] = set()
+        for ids in by_shard.values():
+            cursor.execute(_LOCK_IN_SHARD, [ids, list(statuses)])
+            held.update(row[0] for row in cursor.fetchall())
+    return held
+
+
 def _now(cursor: Any, shift: timedelta) -> datetime:
     cursor.execute("SELECT now() + %s", [shift])
     (now,) = cursor.fetchone()

@@ -54,6 +54,10 @@ DEFAULT = [
     "tests/integration/test_limits.py",  # concurrency limits: admitted across the shards, two worker processes
     "tests/integration/test_limits_cancel.py",
     "tests/faults/test_crash_matrix.py::test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice",
+    # Operations: runs_health (its trigger check on the triggers a cluster keeps), metrics (the finished counter is
+    # the finished runs present there), prune (its batch locked shard by shard, skipping runs held elsewhere),
+    # alerts, the dashboard.
+    "tests/ops",
     # The back office on a cluster: the escalation queue (its order by what a run holds), the inbox (its count,
     # items, take and release, reminders), bulk acts (the runs list's filters, a bulk decision), and debounced
     # starts through the API. `python -m tests.citus.lane tests/admin tests/api` runs them all (they

@@ -17,6 +17,7 @@ from durableruns import services
 from durableruns.models import RunState
 from durableruns.ops.metrics import render_record
 from durableruns.ops.prune import prune
+from tests.conftest import CITUS_LANE
 from tests.factories import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,10 +39,14 @@ def scraped() -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float
 
 
 def assert_exact(finished: dict[str, int]) -> None:
-    """The gauge equals a count of run_state; the counter equals `finished` (status -> times, workflow scripted)."""
+    """The gauge equals a count of run_state; the counter equals `finished` (status -> times, workflow scripted).
+    On a Citus-distributed record, which has no counting triggers (docs/citus.md), the counter is the finished
+    runs present: the gauge's finished statuses."""
     runs, counted = scraped()
     rows = RunState.objects.order_by().values_list("workflow", "status").annotate(n=Count("pk"))
     assert runs == {(workflow, status): n for workflow, status, n in rows}
+    if CITUS_LANE:
+        finished = {status: n for (_, status), n in runs.items() if status in ("completed", "failed", "cancelled")}
     assert counted == {("scripted", status): n for status, n in finished.items()}
 
 
@@ -98,6 +103,7 @@ def test_two_worker_processes_finishing_at_once_leave_exact_counts(workers):
 
 
 @pytest.mark.postgres
+@pytest.mark.skipif(CITUS_LANE, reason="a Citus-distributed record has no run_count triggers to seed after")
 def test_the_seed_counts_the_runs_from_before_the_triggers_once():
     def with_triggers(enabled: bool) -> None:
         with connection.cursor() as cursor:
