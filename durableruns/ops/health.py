@@ -185,7 +185,7 @@ TRIGGERS = {
     "run_state_count_truncate": "the finished runs' counts after a TRUNCATE",
     "run_state_slot_freed": "letting parked runs go when a slot of their concurrency limit frees: they stay parked",
     "run_state_slot_let_go": "letting a parked run go when a cancelled run's worker lets go of its slot: it waits "
-                             "for that lease to run out",
+    "for that lease to run out",
     "run_state_ended": "durableruns.result() hearing that a run ended: it waits out its timeout",
     "run_state_wake_by_deadline": "a waiting run waking at its deadline: it sleeps past it, until its own wake time",
 }
