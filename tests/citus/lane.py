@@ -21,8 +21,9 @@ from tests.citus.cluster import citus_cluster  # noqa: E402
 # What the lane runs by default (bin/test), kept lean (the whole CI run stays under 45 minutes on 2 cores): the
 # Citus tests, the core (tests/unit), the integration tests but the slowest (their timings are of a worker pool,
 # not of the record: test_rates, test_pool, test_pickup, test_workers, test_schedule_workers, test_shutdown_grace,
-# test_bulk_workers pass on a cluster too), and the crash matrix (a worker SIGKILLed at every point of the step
-# cycle). `python -m tests.citus.lane tests/integration` runs them all; docs/citus.md says what each showed.
+# test_bulk_workers pass on a cluster too), the crash matrix (a worker SIGKILLed at every point of the step cycle)
+# and the other fault tests that use the site's database, and tests/ops. `python -m tests.citus.lane
+# tests/integration` runs them all; docs/citus.md says what each showed.
 # Left out too: test_worker_host.py, whose heartbeat test finds the renewal by its statement's text in
 # pg_stat_activity, the single node's one statement; on a cluster the renewal is a transaction of several, and the
 # test missed it within 20 s in 1 of 2 CI runs.
@@ -54,10 +55,22 @@ DEFAULT = [
     "tests/integration/test_limits.py",  # concurrency limits: admitted across the shards, two worker processes
     "tests/integration/test_limits_cancel.py",
     "tests/faults/test_crash_matrix.py::test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice",
+    # The fault tests that run against the site's database (those that start private PostgreSQL servers, a
+    # PgBouncer, a standby or a network namespace test one node's infrastructure): workers SIGKILLed around child
+    # starts, waits and maps, clocks skewed with libfaketime, deploys in flight, bad input, a naive resume.
+    "tests/faults/test_bad_input.py",
+    "tests/faults/test_child_crashes.py",
+    "tests/faults/test_clock_skew.py",
+    "tests/faults/test_deploys_in_flight.py",
+    "tests/faults/test_map_crash.py",
+    "tests/faults/test_naive_resume.py",
+    "tests/faults/test_wait_crashes.py",
     # Operations: runs_health (its trigger check on the triggers a cluster keeps), metrics (the finished counter is
     # the finished runs present there), prune (its batch locked shard by shard, skipping runs held elsewhere),
-    # alerts, the dashboard.
+    # alerts, the dashboard. (Not the prune bench's smoke tests: a benchmark's, not the record's.)
     "tests/ops",
+    "--deselect",
+    "tests/ops/test_bench_prune.py",
     # The back office on a cluster: the escalation queue (its order by what a run holds), the inbox (its count,
     # items, take and release, reminders), bulk acts (the runs list's filters, a bulk decision), and debounced
     # starts through the API. `python -m tests.citus.lane tests/admin tests/api` runs them all (they
