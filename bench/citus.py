@@ -11,7 +11,11 @@ laid out with `manage.py distribute_runs`. The figures:
 2. The claim's cost with FINISHED finished runs in the record, for each number given (a fresh layout each;
    completed runs, their attempts not needed: the claim reads run_state only): the median of CLAIMS claims, each
    taking one of as many pending runs, timed in this process through durableruns.store.claim.
-3. distribute_runs on a record that already holds DISTRIBUTE runs (completed, with nine attempts each): how long
+3. What a deploy with a concurrency limit pays per claim: on a fresh layout, the median of CLAIMS claims timed in a
+   process whose deploy declares no limit (taking runs of the bench workflow), then in one whose deploy declares a
+   limited workflow (bench.limited_workflows: one run per key, each run a key of its own, so every claim is
+   admitted after its key's lock and count; on the cluster, also the read of the full keys across the shards).
+4. distribute_runs on a record that already holds DISTRIBUTE runs (completed, with nine attempts each): how long
    the layout took (what a site with data pays once).
 
     python -m bench.citus [--runs 300] [--workers 2] [--threads 8] [--finished 10000 1000000] [--claims 200]
@@ -48,9 +52,9 @@ WORKFLOW = "bench_noop9"
 STEPS = 9
 
 
-def site_env(url: str) -> dict[str, str]:
+def site_env(url: str, modules: str = "bench.workflows") -> dict[str, str]:
     return dict(os.environ, DATABASE_URL=url, DJANGO_SETTINGS_MODULE="project.settings",
-                DURABLERUNS_WORKFLOW_MODULES="bench.workflows", PYTHONUNBUFFERED="1")
+                DURABLERUNS_WORKFLOW_MODULES=modules, PYTHONUNBUFFERED="1")
 
 
 def manage(url: str, *args: str) -> str:
@@ -175,6 +179,35 @@ def claim_cost(kind: str, finished: int, claims: int) -> dict[str, Any]:
                 "p99_ms": round(p99, 2), "fill_seconds": round(filled, 1)}
 
 
+LIMITED_MODULES = "bench.workflows,bench.limited_workflows"
+
+
+def timed_claims(url: str, claims: int, modules: str) -> tuple[float, float]:
+    """(median, p99) ms of `claims` claims in a process of the site whose deploy imports `modules`."""
+    out = subprocess.run([sys.executable, "-c", _CLAIMS, str(claims)], cwd=ROOT, env=site_env(url, modules),
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    median, p99 = (float(x) for x in out.stdout.split())
+    return median, p99
+
+
+def limited_claim_cost(kind: str, claims: int) -> dict[str, Any]:
+    """The claim in a deploy without limits, then in one with a limited workflow, on one fresh layout."""
+    with layout(kind) as (url, _nodes):
+        start_runs(url, claims + 1, "free")
+        plain = timed_claims(url, claims, "bench.workflows")
+        code = ("import django; django.setup(); import durableruns\n"
+                f"for i in range({claims + 1}): durableruns.start('bench_limited', {{'key': f'k{{i}}'}}, "
+                "run_id=f'limited-{i}')")
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=site_env(url, LIMITED_MODULES), check=True,
+                       timeout=600)
+        limited = timed_claims(url, claims, LIMITED_MODULES)
+        return {"layout": kind, "claims": claims, "no_limits_median_ms": round(plain[0], 2),
+                "no_limits_p99_ms": round(plain[1], 2), "limited_median_ms": round(limited[0], 2),
+                "limited_p99_ms": round(limited[1], 2), "ratio": round(limited[0] / plain[0], 2)}
+
+
 def distribute_time(runs: int) -> dict[str, Any]:
     """distribute_runs on a cluster whose record already holds `runs` completed runs with nine attempts each."""
     with citus_cluster(settings=DURABLE) as cluster:
@@ -207,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distribute", type=int, default=100_000)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    results: dict[str, Any] = {"throughput": [], "claim": [], "distribute": None}
+    results: dict[str, Any] = {"throughput": [], "claim": [], "limited_claim": [], "distribute": None}
     for kind in ("one node", "cluster"):
         results["throughput"].append(throughput(kind, args.runs, args.workers, args.threads))
         print(json.dumps(results["throughput"][-1]), flush=True)
@@ -215,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         for kind in ("one node", "cluster"):
             results["claim"].append(claim_cost(kind, finished, args.claims))
             print(json.dumps(results["claim"][-1]), flush=True)
+    for kind in ("one node", "cluster"):
+        results["limited_claim"].append(limited_claim_cost(kind, args.claims))
+        print(json.dumps(results["limited_claim"][-1]), flush=True)
     if args.distribute:
         results["distribute"] = distribute_time(args.distribute)
         print(json.dumps(results["distribute"]), flush=True)
