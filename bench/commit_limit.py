@@ -66,6 +66,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 PGBENCH_SCRIPT = "UPDATE bench_pgbench_row SET n = n + 1 WHERE id = :client_id;\n"
 WAL_EVENTS = ("IO:WALSync", "LWLock:WALWrite", "IO:WALWrite")
+# The load's declaration (--declared): "intent", each no-op step records its intent (bench.workflows.noop5), or
+# "none", the same steps declared intent=False, whose results share one commit (noop5_held, durableruns.held).
+DECLARED = {"intent": "bench_noop5", "none": "bench_noop5_held"}
+LOAD = {"workflow": DECLARED["intent"]}
 
 
 # -- sampling the server ---------------------------------------------------------------------------------------
@@ -154,9 +158,10 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 def create_pending(dbname: str, runs: int) -> None:
     """Empty the tables and record `runs` pending noop5 runs in one statement (the rows start_run writes)."""
-    from bench.workflows import noop5
+    import bench.workflows  # noqa: F401  registers the loads
     from durableruns.registry import get_workflow
 
+    workflow = LOAD["workflow"]
     with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
         conn.execute("DELETE FROM run_step")
         conn.execute("DELETE FROM run_state")
@@ -165,7 +170,7 @@ def create_pending(dbname: str, runs: int) -> None:
             "created_at, updated_at) SELECT 'commit-' || lpad(g::text, 7, '0'), %(workflow)s, %(fingerprint)s, "
             "'pending', 0, '', 0, '', '{}'::jsonb, now() + g * interval '1 microsecond', now() "
             "FROM generate_series(1, %(runs)s) AS g",
-            {"workflow": noop5.name, "fingerprint": get_workflow(noop5.name).fingerprint, "runs": runs})
+            {"workflow": workflow, "fingerprint": get_workflow(workflow).fingerprint, "runs": runs})
         conn.execute("VACUUM ANALYZE run_state")
         conn.execute("VACUUM ANALYZE run_step")
 
@@ -324,9 +329,10 @@ def rss_kb(pid: int) -> int:
 
 def memory(dbname: str, *, runs: int, concurrency: int = 32, batches: int = 10) -> dict[str, Any]:
     """One --loop worker of `concurrency` threads fed `runs` runs in `batches`; its RSS after each batch."""
-    from bench.workflows import NOOP5_STEPS, noop5
+    from bench.workflows import NOOP5_STEPS
     from durableruns.registry import get_workflow
 
+    workflow = LOAD["workflow"]
     create_pending(dbname, 0)
     per_batch = max(1, runs // batches)
     worker = app.LoopWorker(dbname, "--loop", "--concurrency", str(concurrency), "--lease", "30",
@@ -341,7 +347,7 @@ def memory(dbname: str, *, runs: int, concurrency: int = 32, batches: int = 10) 
                     "input, created_at, updated_at) SELECT 'memory-' || %(batch)s || '-' || lpad(g::text, 6, '0'), "
                     "%(workflow)s, %(fingerprint)s, 'pending', 0, '', 0, '', '{}'::jsonb, "
                     "now() + g * interval '1 microsecond', now() FROM generate_series(1, %(runs)s) AS g",
-                    {"batch": batch, "workflow": noop5.name, "fingerprint": get_workflow(noop5.name).fingerprint,
+                    {"batch": batch, "workflow": workflow, "fingerprint": get_workflow(workflow).fingerprint,
                      "runs": per_batch})
                 conn.execute("SELECT pg_notify('durableruns_due', '')")
                 expected = per_batch * (batch + 1)
@@ -461,6 +467,12 @@ def _m(summary: dict[str, float], digits: int = 2) -> str:
     return f"{summary['median']:,.{digits}f} ({summary['p10']:,.{digits}f}-{summary['p90']:,.{digits}f})"
 
 
+DECLARED_TEXT = {
+    "intent": "each records its intent before it acts, its result with the next one's intent: a commit a step",
+    "none": "declared intent=False: no intent, and a run's five results share one commit (durableruns.held)",
+}
+
+
 def markdown(data: dict[str, Any]) -> str:
     meta, figures = data["meta"], data["figures"]
     p = meta["params"]
@@ -470,7 +482,8 @@ def markdown(data: dict[str, Any]) -> str:
              f"(fsync={meta['postgresql']['fsync']}, synchronous_commit={meta['postgresql']['synchronous_commit']}), "
              f"Python {meta['python']}, commit {meta['git']}; took {meta['duration_s']:.0f} s.", "",
              f"Reproduce: `{meta['command']}`", "",
-             f"Load: {p['runs']:,} pending runs x 5 no-op re_executable steps, W `resume_runs --once --concurrency "
+             f"Load: {p['runs']:,} pending runs x 5 no-op re_executable steps "
+             f"({DECLARED_TEXT[p.get('declared', 'intent')]}), W `resume_runs --once --concurrency "
              f"{p['concurrency']} --lease 30` processes; bar: `pgbench -n -M prepared -c N -j 2 -T "
              f"{p['pgbench_seconds']}` of one single-row UPDATE (each client its own row) at N = W x "
              f"{p['concurrency']} clients; {p['rounds']} rounds, the order rotated round by round. Medians (p10-p90).",
@@ -548,6 +561,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout (e.g. a git worktree of the code before a change) whose workers run "
                              "the same load on a database of its own in the same rounds: steps/s over the baseline's")
+    parser.add_argument("--declared", choices=sorted(DECLARED), default="intent",
+                        help="how the load's steps are declared: each records its intent (default), or none does "
+                             "(intent=False: their results share one commit)")
     parser.add_argument("--note", default="")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.rounds < 1 or args.concurrency < 1 or args.pgbench_seconds < 1:
@@ -559,6 +575,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     worker_counts = tuple(int(w) for w in args.workers.split(",") if w)
+    LOAD["workflow"] = DECLARED[args.declared]
     began = time.perf_counter()
     recreate_database(args.db)
     app.configure(args.db)
@@ -569,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
         "command": reproducing_command("bench.commit_limit", argv), "nproc": os.cpu_count(),
         "loadavg_start": os.getloadavg(), "python": platform.python_version(), "postgresql": server_settings(),
         "git": git_described(), "note": args.note,
-        "params": {"runs": args.runs, "workers": list(worker_counts), "concurrency": args.concurrency,
+        "params": {"runs": args.runs, "declared": args.declared, "workers": list(worker_counts), "concurrency": args.concurrency,
                    "rounds": args.rounds, "pgbench_seconds": args.pgbench_seconds, "memory_runs": args.memory_runs,
                    "baseline": str(args.baseline) if args.baseline else None,
                    "baseline_git": _git_at(args.baseline) if args.baseline else None},

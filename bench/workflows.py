@@ -38,6 +38,12 @@ noop5 = Workflow("bench_noop5")
 for _index in range(1, NOOP5_STEPS + 1):
     noop5.step(policy="re_executable")(_noop_step(f"step_{_index}"))
 
+# The same five no-op steps declared as the seed says a step with no external effect may be: intent=False. No
+# intent is recorded, and the results share one commit (durableruns.held): a run is its claim and one commit.
+noop5_held = Workflow("bench_noop5_held")
+for _index in range(1, NOOP5_STEPS + 1):
+    noop5_held.step(policy="re_executable", intent=False)(_noop_step(f"step_{_index}"))
+
 # The same nine no-op steps, each declared wait_for_standby=True: with DURABLERUNS_STANDBY_INTENTS set, every
 # intent commit of theirs waits for the synchronous standby (bench.standby_cost).
 guarded9 = Workflow("bench_guarded9")

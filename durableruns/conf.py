@@ -86,6 +86,16 @@ def max_crashes() -> int:
     return int(getattr(settings, "DURABLERUNS_MAX_CRASHES", 100))
 
 
+def hold_results() -> float:
+    """Seconds a chain of steps declared intent=False may keep its results in memory to commit them together
+    (durableruns.held); DURABLERUNS_HOLD_RESULTS_SECONDS, 0.05 by default. A crash redoes at most that much of
+    such steps' work plus the step in hand; 0 commits each result alone. Negative is refused."""
+    seconds = float(getattr(settings, "DURABLERUNS_HOLD_RESULTS_SECONDS", 0.05))
+    if seconds < 0:
+        raise ImproperlyConfigured(f"DURABLERUNS_HOLD_RESULTS_SECONDS must be 0 or more, not {seconds}")
+    return seconds
+
+
 def internal_error_backoff() -> timedelta:
     """How long a run whose pass raised inside durableruns itself (a bug, or data the database refused) waits
     before a worker tries it again; DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS, 60 by default."""

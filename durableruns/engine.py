@@ -11,6 +11,7 @@ import copy
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
@@ -26,9 +27,24 @@ from durableruns.boundary import Boundary, StepAttempt, compute_boundary
 from durableruns.clock import Clock
 from durableruns.context import StepContext
 from durableruns.errors import DeclarationError, EffectInTransaction, FencedOut, ResultNotJSON, UnknownWorkflow
-from durableruns.holdings import acquisition_round, assess, given_back, release_order, round_key
+from durableruns.held import Held
+from durableruns.holdings import assess, given_back, release_order
 from durableruns.models import Escalation, Resolution, RunState, RunStatus, RunStep
-from durableruns.passes import Pass, RunOutcome, Stop, describe, ensure_autocommit, load_attempts, step_timeout
+from durableruns.passes import (
+    Pass,
+    RunOutcome,
+    Stop,
+    describe,
+    done_elsewhere,
+    ensure_autocommit,
+    fails,
+    fresh_intent,
+    held_for,
+    intent_after,
+    load_attempts,
+    step_timeout,
+    stopped_reason,
+)
 from durableruns.plans import Plan
 from durableruns.policies import (
     Action,
@@ -144,7 +160,7 @@ class Engine:
         store.record_plan(plan, clock=self.clock)  # a no-op once this process knows it is recorded
         state = self._pass(claimed, plan, workflow, boundary, attempts)
         if claimed.ending:  # a run ending unfinished gives back what it holds, then ends
-            stopped = _stopped_reason(claimed, plan, missing) if missing else ""
+            stopped = stopped_reason(claimed, plan, missing) if missing else ""
             return self._settled(state, lambda: self.end_unfinished(state, claimed.ending, "", stopped=stopped))
         return self._settled(state, lambda: self._drive(state))
 
@@ -171,7 +187,7 @@ class Engine:
 
     def _pass(self, claimed: Claimed, plan: Plan, workflow: Workflow, boundary: Boundary,
               attempts: list[StepAttempt]) -> Pass:
-        steps = [workflow.get(name) or _done_elsewhere(name, policy) for name, policy in plan.steps]
+        steps = [workflow.get(name) or done_elsewhere(name, policy) for name, policy in plan.steps]
         state = Pass(claimed=claimed, steps=steps, workflow=workflow, boundary=boundary, attempts=attempts)
         state.results = {s: boundary.latest[s].result for s in boundary.done}
         return state
@@ -209,15 +225,15 @@ class Engine:
             if not self._applies(state, step, index):
                 return None, False  # recorded skipped, once
             if step.wait is None:  # its intent records the answer
-                return self._fresh_intent(state, step, index, attempt=state.next_attempt(step)), False
+                return fresh_intent(state, step, index, attempt=state.next_attempt(step)), False
             latest = None  # the wait begins (or completes at once): that records the answer
         if step.wait is not None:  # a step that waits: its kind says the move (durableruns.waits)
             waiting.wait_move(self, state, step, index, latest)
             return None, False
         if latest is None:
-            return self._fresh_intent(state, step, index, attempt=1), False
+            return fresh_intent(state, step, index, attempt=1), False
         if latest.status == "completed":  # an acquisition the run gave back: acquired again, under a new key
-            return self._fresh_intent(state, step, index, attempt=latest.attempt + 1), False
+            return fresh_intent(state, step, index, attempt=latest.attempt + 1), False
         if latest.status == "failed":
             verdict = cap_attempts(Next(action=Action.RUN, reason=f"retrying {step.name} after a failure"),
                                    failures=state.tally(step.name)[0], max_attempts=step.max_attempts)
@@ -259,7 +275,7 @@ class Engine:
         action = verdict.action
         if action is Action.RUN:
             restored = attempt if attempt.loop_cursor or attempt.progress else None
-            return self._fresh_intent(state, step, index, attempt=attempt.attempt + 1, restored=restored), False
+            return fresh_intent(state, step, index, attempt=attempt.attempt + 1, restored=restored), False
         if action is Action.COMPLETE:
             resolution = Resolution.LOOKUP if step.policy is Policy.RESOLVABLE else Resolution.DECISION
             encoded = store.to_json(verdict.result, what=f"the result of {step.name}")
@@ -325,7 +341,8 @@ class Engine:
 
     def _run_until_settled(self, state: Pass, step: Step, index: int, intent: Intent, recorded: bool,
                            plan: list[Step]) -> Intent | None:
-        """Run attempts of `step` until it completes; return the next step's intent if it shared the commit."""
+        """Run attempts of `step` until it completes; return the next step's intent if it shared the commit, or
+        if this step's result is held for the next step's commit (durableruns.held: neither records an intent)."""
         while True:
             lease = state.lease
             # A step with when= records its intent whatever it declares: the intent records the answer, once.
@@ -337,20 +354,30 @@ class Engine:
                 store.record_intent(lease, intent, clock=self.clock)  # commit 1: before the step acts
             recorded = intends
             faults.reached("after_intent", step.name)
+            began = time.monotonic()
             try:
                 result, encoded = self.call(state, step, intent)
             except (FencedOut, EffectInTransaction):
                 raise
             except Exception as exc:  # users' code: classify, never retry blindly
                 state.steps_run += 1  # it ran, and raised: counted as run (the pass's summary, the metric)
+                self._commit_held(state, index)  # before anything the raise records
                 follow = self._after_error(state, step, index, intent, recorded, exc)
                 if follow is None:
                     return None
                 intent, recorded = follow
                 continue
             faults.reached("after_return", step.name)
+            following = held_for(state, plan, index, began, stopping=self._stopping())
+            if following is not None:  # no commit: the next step records no intent either (durableruns.held)
+                state.held.append(Held(step=step.name, attempt=intent.attempt, effect_key=intent.effect_key,
+                                       encoded=encoded))
+                state.results[step.name] = json.loads(encoded)
+                state.steps_run += 1
+                faults.reached("result_held", step.name)
+                return following
             # A stopping worker records no next intent: the run is handed back between steps, not left in doubt.
-            next_intent = None if self._stopping() else self._next_intent(state, plan, index)
+            next_intent = None if self._stopping() else intent_after(state, plan, index)
             if next_intent is not None:  # its intent rides on this commit, so "before" it is now
                 faults.reached("before_intent", next_intent.step)
             last = index + 1 == len(plan)
@@ -358,14 +385,21 @@ class Engine:
                                 clock=self.clock, intent_recorded=recorded, effect_key=intent.effect_key,
                                 next_intent=next_intent, finish=last, encoded=encoded,
                                 attributes=state.attributes,  # what ctx.set_attributes gave, in this commit
-                                children=list(state.children.values()))  # commit 2, the last thing the step does
-            state.children = {}
+                                children=list(state.children.values()),  # commit 2, the last thing the step does
+                                held=state.held)
+            state.children, state.held = {}, []
             state.finished = last
             # Later steps see the result as recorded (JSON's keys are strings, its arrays lists), exactly as they
             # would after a resume: a pass that ran live and one that resumed must not see different values.
             state.results[step.name] = json.loads(encoded)
             state.steps_run += 1
             return next_intent
+
+    def _commit_held(self, state: Pass, index: int) -> None:
+        """Commit the results held for a commit that will not come (the step in hand raised), cursor at it."""
+        if state.held:
+            store.record_held(state.lease, state.held, cursor=index, clock=self.clock)
+            state.held = []
 
     def call(self, state: Pass, step: Step, intent: Intent) -> tuple[Any, str]:
         """Run the step; return its result and the result's JSON (encoded once, refused here if it is not)."""
@@ -396,7 +430,7 @@ class Engine:
             report=store.reporter(lease, step.name, intent.attempt, self.clock),
         )
         ensure_autocommit()
-        with _traced_call(state, step, intent.attempt):
+        with traced_call(state, step, intent.attempt):
             try:
                 result = step.fn(ctx)
                 ctx.report_held()  # a progress report held by the one-a-second limit is committed before the result
@@ -414,7 +448,7 @@ class Engine:
         bug = not step.is_rejection(exc)  # a declared rejection: a business outcome, no traceback
         log.log(logging.ERROR if bug else logging.INFO, "run %s: %s attempt %s raised %s", state.run_id, step.name,
                 intent.attempt, error, exc_info=exc if bug else None)
-        if _fails(step, exc):
+        if fails(step, exc):
             now = self.clock.now()
             store.record_failure(state.lease, step=step.name, attempt=intent.attempt, error=error, clock=self.clock,
                                  intent_recorded=recorded, effect_key=intent.effect_key, detail=error_detail(exc))
@@ -425,7 +459,7 @@ class Engine:
             if verdict.action is Action.RUN:
                 restored = StepAttempt(step=step.name, attempt=intent.attempt, status="failed",
                                        loop_cursor=state.loop_cursor, progress=state.progress)
-                return self._fresh_intent(state, step, index, attempt=intent.attempt + 1,
+                return fresh_intent(state, step, index, attempt=intent.attempt + 1,
                                           restored=restored if state.loop_cursor or state.progress else None), False
             if verdict.action is not Action.WAIT:
                 raise Stop(self.end_unfinished(state, RunStatus.FAILED, f"{step.name}: {error}; {verdict.reason}"))
@@ -455,28 +489,6 @@ class Engine:
         return releasing.end_unfinished(self, state, ending=ending, reason=reason, stopped=stopped)
 
     # -- helpers -----------------------------------------------------------------------------------------
-
-    def _fresh_intent(self, state: Pass, step: Step, index: int, *, attempt: int,
-                      restored: StepAttempt | None = None) -> Intent:
-        key = effect_key(state.key_base, step.name)
-        if step.releaser is not None:  # an acquisition made again after it was given back has a key of its own
-            key = round_key(key, acquisition_round(step.acquisition(), state.attempts))
-        return Intent(
-            step=step.name, attempt=attempt, effect_key=key, cursor=index,
-            loop_cursor=restored.loop_cursor if restored else 0,
-            progress=copy.deepcopy(dict(restored.progress)) if restored else None,
-            wait_for_standby=step.waits_for_standby,
-        )
-
-    def _next_intent(self, state: Pass, plan: list[Step], index: int) -> Intent | None:
-        """The next step's intent, to share this result's commit, when it starts right away with no history."""
-        if index + 1 >= len(plan):
-            return None
-        nxt = plan[index + 1]
-        if (not nxt.intent or nxt.name in state.boundary.latest or nxt.wait is not None or nxt.when is not None
-                or nxt.rate is not None):  # a rate-limited step takes its turn before its intent
-            return None
-        return self._fresh_intent(state, nxt, index + 1, attempt=1)
 
     def look_up(self, state: Pass, step: Step, attempt: StepAttempt) -> Next:
         """Ask the step's lookup what became of the in-doubt `attempt`: its verdict (found, absent, too early)."""
@@ -540,7 +552,7 @@ class Engine:
             return self.release(lease, RunStatus.WAITING, plans.waiting_reason(
                 fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing, since=since, workflow=named),
                 wake_at=wake_at)
-        stopped = _stopped_reason(claimed, plan, missing, workflow=named)
+        stopped = stopped_reason(claimed, plan, missing, workflow=named)
         if (workflow is not None and plan is not None and boundary is not None and attempts is not None
                 and release_order(assess(plan.names, workflow.acquisitions(), attempts))):
             state = self._pass(claimed, plan, workflow, boundary, attempts)
@@ -555,38 +567,16 @@ class Engine:
         return RunOutcome(run_id=lease.run_id, status=status, detail=detail, wake_at=wake_at)
 
 
-def _stopped_reason(claimed: Claimed, plan: Plan | None, missing: tuple[str, ...], *, workflow: str | None = None
-                    ) -> str:
-    """Why a run lacking steps is stopped for staff once the grace period is over."""
-    return plans.stopped_reason(fingerprint=claimed.plan_fingerprint, plan=plan, missing=missing,
-                                grace=conf.missing_step_grace(), workflow=workflow)
-
-
-def _done_elsewhere(name: str, policy: str) -> Step:
-    """A step of the run's plan that this deploy no longer declares, which the run completed: it stands in the
-    plan for its place, and is never called (the pass skips done steps)."""
-
-    def absent(ctx: StepContext) -> Any:
-        raise UnknownWorkflow(f"step {name} is not in this deploy", step=name)
-
-    if policy in waits.KINDS:
-        return Step(name=name, fn=absent, policy=Policy.RE_EXECUTABLE, intent=False,
-                    wait=waits.Wait(kind=waits.Kind(policy)))
-    return Step(name=name, fn=absent, policy=Policy(policy))
-
-
-def _fails(step: Step, exc: Exception) -> bool:
-    """Whether what the step raised is an observed failure: a declared rejection, or any error of a step that may
-    run again. Anything else leaves the attempt in doubt."""
-    return step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE
-
-
-def _traced_call(state: Pass, step: Step, attempt: int) -> AbstractContextManager[None]:
+def traced_call(state: Pass, step: Step, attempt: int) -> AbstractContextManager[None]:
     """The attempt's span around its call (durableruns.tracing), or nothing without the [otel] extra."""
     traces = tracing_in_use()
     if traces is None:
         return nullcontext()
-    return traces.call(run_id=state.run_id, workflow=state.claimed.workflow, step=step.name, attempt=attempt,
-                       policy=step.policy, fails=lambda exc: _fails(step, exc))
-
-
+    return traces.call(
+        run_id=state.run_id,
+        workflow=state.claimed.workflow,
+        step=step.name,
+        attempt=attempt,
+        policy=step.policy,
+        fails=lambda exc: fails(step, exc),
+    )

@@ -8,6 +8,8 @@ steps that wait, durableruns.releasing for the releases of what a run holds): ea
 
 from __future__ import annotations
 
+import copy
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,15 +18,17 @@ from typing import Any, Protocol
 
 from django.db import connections
 
-from durableruns import conf
+from durableruns import conf, plans, waits
 from durableruns.boundary import Boundary, StepAttempt
 from durableruns.clock import Clock
 from durableruns.context import StepContext
 from durableruns.encoding import storable
-from durableruns.errors import EffectInTransaction
-from durableruns.holdings import last_completed
+from durableruns.errors import EffectInTransaction, UnknownWorkflow
+from durableruns.held import Held, may_hold
+from durableruns.holdings import acquisition_round, last_completed, round_key
 from durableruns.models import Intervention, RunStep
-from durableruns.policies import Next
+from durableruns.plans import Plan
+from durableruns.policies import Next, Policy
 from durableruns.registry import Step, Workflow, effect_key
 from durableruns.store import Claimed, Intent, Lease, NewChild
 
@@ -93,6 +97,10 @@ class Pass:
     children: dict[str, NewChild] = field(default_factory=dict)
     # The attributes the attempt in hand set (ctx.set_attributes), recorded with its result.
     attributes: dict[str, Any] = field(default_factory=dict)
+    # Results of steps that recorded no intent, waiting for the next commit (durableruns.held), and when the first
+    # of them was started (time.monotonic()).
+    held: list[Held] = field(default_factory=list)
+    held_since: float = 0.0
 
     def tally(self, step: str) -> list[int]:
         """[failures, crashes] of `step` since staff last gave it a fresh count; the pass adds to it in place."""
@@ -195,3 +203,87 @@ class Driver(Protocol):
     def asking(self, state: Pass, step: Step, index: int, ask: Callable[[], Any], raised: str = ...) -> Any:
         """Ask users' code a question about `step` before it acts; a raise is the step's observed failure."""
         ...
+
+
+def stopped_reason(
+    claimed: Claimed, plan: Plan | None, missing: tuple[str, ...], *, workflow: str | None = None
+) -> str:
+    """Why a run lacking steps is stopped for staff once the grace period is over."""
+    return plans.stopped_reason(
+        fingerprint=claimed.plan_fingerprint,
+        plan=plan,
+        missing=missing,
+        grace=conf.missing_step_grace(),
+        workflow=workflow,
+    )
+
+
+def done_elsewhere(name: str, policy: str) -> Step:
+    """A step of the run's plan that this deploy no longer declares, which the run completed: it stands in the
+    plan for its place, and is never called (the pass skips done steps)."""
+
+    def absent(ctx: StepContext) -> Any:
+        raise UnknownWorkflow(f"step {name} is not in this deploy", step=name)
+
+    if policy in waits.KINDS:
+        return Step(
+            name=name, fn=absent, policy=Policy.RE_EXECUTABLE, intent=False, wait=waits.Wait(kind=waits.Kind(policy))
+        )
+    return Step(name=name, fn=absent, policy=Policy(policy))
+
+
+def fails(step: Step, exc: Exception) -> bool:
+    """Whether what the step raised is an observed failure: a declared rejection, or any error of a step that may
+    run again. Anything else leaves the attempt in doubt."""
+    return step.is_rejection(exc) or step.policy is Policy.RE_EXECUTABLE
+
+
+def fresh_intent(state: Pass, step: Step, index: int, *, attempt: int, restored: StepAttempt | None = None) -> Intent:
+    key = effect_key(state.key_base, step.name)
+    if step.releaser is not None:  # an acquisition made again after it was given back has a key of its own
+        key = round_key(key, acquisition_round(step.acquisition(), state.attempts))
+    return Intent(
+        step=step.name,
+        attempt=attempt,
+        effect_key=key,
+        cursor=index,
+        loop_cursor=restored.loop_cursor if restored else 0,
+        progress=copy.deepcopy(dict(restored.progress)) if restored else None,
+        wait_for_standby=step.waits_for_standby,
+    )
+
+
+def intent_after(state: Pass, plan: list[Step], index: int) -> Intent | None:
+    """The next step's intent, to share this result's commit, when it starts right away with no history."""
+    if index + 1 >= len(plan):
+        return None
+    nxt = plan[index + 1]
+    if (
+        not nxt.intent
+        or nxt.name in state.boundary.latest
+        or nxt.wait is not None
+        or nxt.when is not None
+        or nxt.rate is not None
+    ):  # a rate-limited step takes its turn before its intent
+        return None
+    return fresh_intent(state, nxt, index + 1, attempt=1)
+
+
+def held_for(state: Pass, plan: list[Step], index: int, began: float, *, stopping: bool) -> Intent | None:
+    """The next step's intent, unrecorded, when the result of the step just returned waits for the next
+    commit (durableruns.held.may_hold); None when it is committed now."""
+    if index + 1 >= len(plan) or state.children or state.attributes or stopping:
+        return None
+    following = plan[index + 1]
+    since = state.held_since if state.held else began
+    if not may_hold(
+        plan[index],
+        following,
+        fresh=following.name not in state.boundary.latest,
+        held=len(state.held),
+        age=time.monotonic() - since,
+        window=conf.hold_results(),
+    ):
+        return None
+    state.held_since = since
+    return fresh_intent(state, following, index + 1, attempt=1)

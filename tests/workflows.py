@@ -16,6 +16,8 @@ from pathlib import Path
 from datetime import timedelta
 from typing import Any
 
+from django.db.models import F
+
 from durableruns import Rejected, Workflow, testing
 from project.purchasing.far import CreditVendor, FarRejected, systems
 from project.purchasing.far.ledger import Effect
@@ -644,3 +646,71 @@ requote = Workflow("requote")
 @requote.step(policy="re_executable")
 def requote_lines(ctx: Any) -> dict[str, Any]:
     return {"edit": ctx.input.get("edit"), "order": ctx.input.get("order")}
+
+
+# Results held for a later commit (issue 34, durableruns.held; tests/integration/test_held.py and the crash
+# matrix): three steps that record no intent between two that act on a far system. Every call appends a line to
+# input["calls"]: the step, and how many of the run's attempts the record held as it was called (what was
+# committed before it acted). reserve and confirm append their effect key to input["ledger"], a far system that
+# does not deduplicate: a key there twice is an effect made twice. Their lookups read it.
+chained = Workflow("chained")
+
+
+def _append(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # one write per line: never interleaved
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def _called(ctx: Any) -> None:
+    from durableruns.models import RunStep
+
+    _append(ctx.input["calls"], f"{ctx.step} {RunStep.objects.filter(run_id=ctx.run_id).count()}")
+    time.sleep(ctx.input.get("sleep", {}).get(ctx.step, 0))
+
+
+def _in_ledger(ctx: Any) -> dict[str, Any] | None:
+    booked = Path(ctx.input["ledger"]).read_text().split() if Path(ctx.input["ledger"]).exists() else []
+    return {"key": ctx.effect_key} if ctx.effect_key in booked else None
+
+
+def _book(ctx: Any) -> dict[str, Any]:
+    _called(ctx)
+    _append(ctx.input["ledger"], ctx.effect_key)
+    return {"key": ctx.effect_key}
+
+
+def _price(n: int) -> Any:
+    def price(ctx: Any) -> dict[str, Any]:
+        _called(ctx)
+        if ctx.input.get("raise_in") == ctx.step and ctx.attempt == 1:
+            raise RuntimeError("the price list is unavailable")
+        if ctx.input.get("take_over_in") == ctx.step:  # another worker takes the run meanwhile
+            from durableruns.models import RunState
+
+            RunState.objects.filter(pk=ctx.run_id).update(epoch=F("epoch") + 1)
+        return {"total": (ctx.results[f"price_{n - 1}"]["total"] if n > 1 else 0) + n}
+
+    price.__name__ = price.__qualname__ = f"price_{n}"
+    return price
+
+
+def _booker(name: str) -> Any:
+    def book(ctx: Any) -> dict[str, Any]:
+        return _book(ctx)
+
+    book.__name__ = book.__qualname__ = name
+    return book
+
+
+chained.step(policy="resolvable", lookup=_in_ledger)(_booker("reserve"))
+for _n in (1, 2, 3):
+    chained.step(policy="re_executable", intent=False)(_price(_n))
+chained.step(policy="resolvable", lookup=_in_ledger)(_booker("confirm"))
+
+# Only steps that record no intent: the run's last result, held with the others, ends it in one commit.
+pure_chain = Workflow("pure_chain")
+for _n in (1, 2, 3):
+    pure_chain.step(policy="re_executable", intent=False)(_price(_n))

@@ -20,7 +20,8 @@ public names. One module a concept, each below the ones that use it:
     debounce     debounce_run: a start with a key that replaces the run of that key not begun, DEBOUNCED
     claims       claim and its statements (the probes, concurrency limits, a fresh run's first intent), and what
                  a thread's last claim read: next_due_from_last_claim, more_due_after_last_claim, NEXT_DUE
-    attempts     record_intent, record_result, record_failure, checkpoint, record_raised
+    attempts     record_intent, record_result (with results held for it), record_held, record_failure, checkpoint,
+                 record_raised
     progress     record_progress, reporter (ctx.progress: a step's latest message, done, total)
     waits        wait, complete_wait, now_and_oldest_event, record_event, record_approval, APPROVAL_ACTIONS
     staff        open_escalation, record_decision, record_staff_action (a cancel with its descendants), adopt_plan
@@ -38,7 +39,14 @@ A module imports only the ones listed above it (and never this face): the store 
 from __future__ import annotations
 
 from durableruns.encoding import TEXT_LIMIT, ensure_json, storable, to_json
-from durableruns.store.attempts import checkpoint, record_failure, record_intent, record_raised, record_result
+from durableruns.store.attempts import (
+    checkpoint,
+    record_failure,
+    record_held,
+    record_intent,
+    record_raised,
+    record_result,
+)
 from durableruns.store.base import (
     DATABASE,
     DEFERRED,
@@ -165,6 +173,7 @@ __all__ = [
     "record_decision",
     "record_event",
     "record_failure",
+    "record_held",
     "record_intent",
     "record_plan",
     "record_progress",

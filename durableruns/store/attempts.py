@@ -3,6 +3,8 @@ failure, a loop's checkpoint, a raise in a live worker; with their PostgreSQL st
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +14,7 @@ from durableruns import conf, signals
 from durableruns.clock import Clock
 from durableruns.encoding import storable, to_json
 from durableruns.errors import FencedOut
+from durableruns.held import Held
 from durableruns.models import Resolution, RunState, RunStatus, RunStep, StepStatus
 from durableruns.store.attributes import write_attributes
 from durableruns.store.base import DATABASE, Intent, Lease, fast, fence, finish_attempt, lease_times
@@ -80,6 +83,32 @@ _RECORD_RESULT = {
 }
 
 
+# Steps that recorded no intent (durableruns.held): their rows are written completed, all in one INSERT from the
+# statement's arrays (the step in hand's last), in the commit that moves the cursor past them; fenced on the
+# epoch alone, as they have no started row to find.
+_UNRECORDED_HEAD = """
+WITH fence AS (
+  UPDATE run_state SET cursor = %(cursor)s, updated_at = now() + %(shift)s{state}
+   WHERE run_id = %(run)s AND epoch = %(epoch)s
+  RETURNING {returning}),
+rows AS (
+  INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, finished_at, result,
+                        error, resolution, owner, epoch, loop_cursor, progress)
+  SELECT f.run_id, r.step, r.attempt, 'completed', r.key, now() + %(shift)s, NULL, now() + %(shift)s,
+         r.result::jsonb, '', r.resolution, %(owner)s, %(epoch)s, 0, '{{}}'::jsonb
+    FROM fence f,
+         unnest(%(r_steps)s::text[], %(r_attempts)s::int[], %(r_keys)s::text[], %(r_results)s::text[],
+                %(r_resolutions)s::text[]) AS r(step, attempt, key, result, resolution)
+  RETURNING 1)
+"""
+_RECORD_UNRECORDED = {
+    (False, False): _UNRECORDED_HEAD.format(state=_STILL_RUNNING, returning="run_id") + "SELECT 1 FROM fence",
+    (False, True): _UNRECORDED_HEAD.format(state=_FINISHED, returning="run_id, parent_id") + _WAKE_PARENT,
+    (True, False): _UNRECORDED_HEAD.format(state=_STILL_RUNNING, returning="run_id") + ", intent AS ("
+    + _INTENT_ROW + " RETURNING 1) SELECT 1 FROM fence",
+}
+
+
 _CHECKPOINT = """
 WITH fence AS (
   UPDATE run_state SET updated_at = now() + %(shift)s, lease_expires_at = now() + %(shift)s + %(lease)s
@@ -115,6 +144,27 @@ def _pg_record_result(*, run: str, epoch: int, owner: str, times: Times, cursor:
     if intent is not None:
         params.update(intent)
     sql = _RECORD_RESULT[(intent is not None, finish)]
+    if standby is not None:
+        return waiting_for_standby(sql, params, standby)[0] is not None
+    row = one(sql, params)
+    if row is None:
+        return False
+    if finish and row[0] is not None and not row[1]:  # a child that saw a sibling still moving
+        return str(row[0])
+    return True
+
+
+def _pg_record_unrecorded(*, run: str, epoch: int, owner: str, times: Times, cursor: int, rows: list[Held],
+                          finish: bool, intent: dict[str, Any] | None, standby: str | None = None) -> bool | str:
+    """Write `rows` completed (steps that recorded no intent), move the cursor, and either add the next intent or
+    finish the run; as _pg_record_result answers."""
+    params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, **times,
+              "r_steps": [r.step for r in rows], "r_attempts": [r.attempt for r in rows],
+              "r_keys": [r.effect_key for r in rows], "r_results": [r.encoded for r in rows],
+              "r_resolutions": [r.resolution for r in rows]}
+    if intent is not None:
+        params.update(intent)
+    sql = _RECORD_UNRECORDED[(intent is not None, finish)]
     if standby is not None:
         return waiting_for_standby(sql, params, standby)[0] is not None
     row = one(sql, params)
@@ -199,25 +249,37 @@ def record_result(
     encoded: str | None = None,
     children: list[NewChild] | None = None,
     attributes: dict[str, Any] | None = None,
+    held: Sequence[Held] = (),
 ) -> None:
     """Commit 2: the step's result and the moved cursor, and in the same commit either the next step's intent
-    or, with `finish`, the run's completion; and the child runs the step asked for (`children`) and the
-    attributes it set (`attributes`, checked already), if any.
+    or, with `finish`, the run's completion; and the child runs the step asked for (`children`), the attributes
+    it set (`attributes`, checked already), and the results of earlier steps held for this commit (`held`:
+    steps that recorded no intent, durableruns.held), if any.
 
     Sharing the commit is safe: the next step has not acted yet, and its intent is still durable before it does.
     """
     encoded = to_json(result, what=f"the result of {step}") if encoded is None else encoded
     level = _standby_level(next_intent)
-    if intent_recorded and not children and not attributes and fast():
-        recorded = _pg_record_result(
-            run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=lease_times(lease, clock),
-            cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
-            resolution=resolution, finish=finish and next_intent is None,
-            intent=_intent_params(next_intent) if next_intent else None, standby=level,
-        )
+    if not children and not attributes and not (intent_recorded and held) and fast():
+        if intent_recorded:
+            recorded = _pg_record_result(
+                run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=lease_times(lease, clock),
+                cursor=next_intent.cursor if next_intent else cursor, step=step, attempt=attempt, result=encoded,
+                resolution=resolution, finish=finish and next_intent is None,
+                intent=_intent_params(next_intent) if next_intent else None, standby=level,
+            )
+        else:
+            recorded = _pg_record_unrecorded(
+                run=lease.run_id, epoch=lease.epoch, owner=lease.owner, times=lease_times(lease, clock),
+                cursor=next_intent.cursor if next_intent else cursor,
+                rows=[*held, Held(step=step, attempt=attempt, effect_key=effect_key, encoded=encoded,
+                                  resolution=resolution)],
+                finish=finish and next_intent is None,
+                intent=_intent_params(next_intent) if next_intent else None, standby=level,
+            )
         if not recorded:
-            raise FencedOut(f"stale epoch, or attempt {attempt} of {step} is no longer started",
-                            run_id=lease.run_id, epoch=lease.epoch)
+            why = f"stale epoch, or attempt {attempt} of {step} is no longer started" if intent_recorded else None
+            raise FencedOut(why, run_id=lease.run_id, epoch=lease.epoch)
         if isinstance(recorded, str):  # a child's end that saw a sibling still moving: ask once more, now
             wake_parent_after(recorded, clock)
         if finish and next_intent is None:  # signals
@@ -233,6 +295,7 @@ def record_result(
         moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch).update(**fields)
         if not moved:
             raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        _create_held(lease, held, clock)
         if intent_recorded:
             finish_attempt(lease, step, attempt, status=StepStatus.COMPLETED, result=result,
                     finished_at=clock.expression(), resolution=resolution)
@@ -253,6 +316,33 @@ def record_result(
         signals.send_on_commit(signals.run_started, RunState, run_id=child.run_id, workflow=child.workflow)
     if finish and next_intent is None:  # signals
         signals.run_finished(lease.run_id, RunStatus.COMPLETED)
+
+
+def _create_held(lease: Lease, held: Sequence[Held], clock: Clock) -> None:
+    """Inside the commit's transaction: the held results as completed rows (the ORM's way of _UNRECORDED_HEAD)."""
+    if held:
+        RunStep.objects.bulk_create([
+            RunStep(run_id=lease.run_id, step=h.step, attempt=h.attempt, status=StepStatus.COMPLETED,
+                    effect_key=h.effect_key, started_at=clock.expression(), finished_at=clock.expression(),
+                    result=json.loads(h.encoded), resolution=h.resolution, owner=lease.owner, epoch=lease.epoch)
+            for h in held])
+
+
+def record_held(lease: Lease, held: Sequence[Held], *, cursor: int, clock: Clock = DATABASE) -> None:
+    """Commit the results held so far (durableruns.held) and move the cursor to `cursor`, the step in hand's:
+    before anything else of the pass is recorded (the step in hand's failure, a release), so that the record
+    never shows a later fact without the results before it."""
+    if not held:
+        return
+    if fast():
+        if not _pg_record_unrecorded(run=lease.run_id, epoch=lease.epoch, owner=lease.owner,
+                                     times=lease_times(lease, clock), cursor=cursor, rows=list(held), finish=False,
+                                     intent=None):
+            raise FencedOut(run_id=lease.run_id, epoch=lease.epoch)
+        return
+    with transaction.atomic(using=conf.database(), durable=True):
+        fence(lease, clock, cursor=cursor)
+        _create_held(lease, held, clock)
 
 
 def record_failure(lease: Lease, *, step: str, attempt: int, error: str, clock: Clock = DATABASE,

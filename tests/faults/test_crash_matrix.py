@@ -425,3 +425,63 @@ def test_a_parent_with_children_ended_each_way_under_kills_makes_no_effect_twice
     fault_report("crash matrix: parents with children ended each way",
                  {**counts, "kills": len(FAMILY_KILLS), "attempts left in doubt": in_doubt,
                   "seconds": round(time.monotonic() - started)})
+
+
+# Results held for a later commit (issue 34, durableruns.held): tests.workflows.chained, whose price_1..3 record no
+# intent and share one commit between reserve and confirm (both resolvable, with intents), killed at each point of
+# the chain. Per kill: what the record holds afterwards (done, in doubt) and how often each price step has run once
+# the resume is over: every step of the chain not yet committed runs again (it has no effect: that is why it may
+# wait), and reserve and confirm act once each.
+CHAIN_KILLS: dict[tuple[str, str], tuple[list[str], list[str], tuple[int, int, int]]] = {
+    ("price_1", "after_intent"): (["reserve"], [], (1, 1, 1)),  # recorded no intent: the moment before its call
+    ("price_2", "after_return"): (["reserve"], [], (2, 2, 1)),  # price_1's result held, price_2's returned
+    ("price_2", "result_held"): (["reserve"], [], (2, 2, 1)),  # both held
+    ("price_3", "after_return"): (["reserve"], [], (2, 2, 2)),
+    ("confirm", "before_intent"): (["reserve"], [], (2, 2, 2)),  # the chain's commit carries confirm's intent
+    ("confirm", "after_intent"): (["reserve", "price_1", "price_2", "price_3"], ["confirm"], (1, 1, 1)),
+}
+
+
+def test_a_worker_killed_inside_a_chain_of_held_results_redoes_the_chain_and_no_effect(
+    workers: Workers, tmp_path: Path, fault_report: Report
+) -> None:
+    probe = Probe(tmp_path / "probe.log")
+    env = {**PO_ENV, **probe.env(), "DURABLERUNS_WORKFLOW_MODULES": "tests.workflows,tests.faults.probe",
+           "DURABLERUNS_HOLD_RESULTS_SECONDS": "30"}  # a loaded machine never ends a chain early
+    ledger = tmp_path / "ledger"
+    runs = {}
+    for (step, point), expected in CHAIN_KILLS.items():
+        calls = tmp_path / f"calls-{step}-{point}"
+        run_id = durableruns.start("chained", {"calls": str(calls), "ledger": str(ledger)},
+                                   run_id=f"chain-{step}-{point}")
+        runs[run_id] = (step, point, calls, expected)
+
+    # 1. One worker per run, all at once, each armed to die at its point.
+    crashers = {run_id: workers.start("--run", run_id, "--lease", "1", "--worker", f"doomed-{run_id}",
+                                      DURABLERUNS_CRASH_AT=f"{step}@{point}", **env)
+                for run_id, (step, point, _, _) in runs.items()}
+    for run_id, proc in crashers.items():
+        out, err = proc.communicate(timeout=60)
+        step, point = runs[run_id][:2]
+        assert proc.returncode == -9, f"{run_id}: the worker was not killed (exit {proc.returncode}):\n{out}{err}"
+        assert probe.last_point(proc.pid) == (point, step), f"{run_id}: died elsewhere"
+
+    # 2. The record after the kill: nothing of the chain before its commit, nothing of it in doubt.
+    for run_id, (_, _, _, (done, in_doubt, _)) in runs.items():
+        b = durableruns.boundary(run_id)
+        assert (b.done, b.in_doubt) == (done, in_doubt), f"{run_id}: {b}"
+
+    # 3. The resume: every run completes; the chain ran again as far as it was lost; each far effect once.
+    settle(workers, list(runs), env, folder=tmp_path)
+    booked = ledger.read_text().split()
+    for run_id, (_, _, calls, (_, _, ran)) in runs.items():
+        run = RunState.objects.get(pk=run_id)
+        assert run.status == RunStatus.COMPLETED, f"{run_id}: {run.status} {run.reason}"
+        names = [line.split()[0] for line in calls.read_text().splitlines()]
+        assert tuple(names.count(f"price_{n}") for n in (1, 2, 3)) == ran, f"{run_id}: {names}"
+        assert booked.count(f"{run_id}:reserve") == booked.count(f"{run_id}:confirm") == 1, f"{run_id}: {booked}"
+        totals = [RunStep.objects.get(run_id=run_id, step=f"price_{n}", status="completed").result["total"]
+                  for n in (1, 2, 3)]
+        assert totals == [1, 3, 6], f"{run_id}: {totals}"
+    fault_report("crash matrix inside a chain of held results",
+                 {"kills": len(crashers), "runs": len(runs), "effects": len(booked)})

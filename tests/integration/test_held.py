@@ -1,0 +1,107 @@
+"""Results held for a later commit (issue 34, durableruns.held): steps declared intent=False share one commit.
+
+tests.workflows.chained: reserve (resolvable, with an intent), price_1..3 (re_executable, intent=False), confirm
+(resolvable). Each call appends "<step> <rows>" to a file: how many of the run's attempts were committed when it
+was called. Worked in-process against the real database; the crash matrix kills real workers at these points.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+import durableruns
+from durableruns import services
+from durableruns.models import RunState, RunStatus, RunStep
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def settings_for_chains(settings):
+    settings.DURABLERUNS_RETRY_BACKOFF_SECONDS = 0
+    settings.DURABLERUNS_HOLD_RESULTS_SECONDS = 30  # a loaded machine never ends a chain early
+
+
+def start(tmp_path: Path, workflow: str = "chained", **extra: object) -> tuple[str, Path]:
+    calls = tmp_path / "calls"
+    run_id = durableruns.start(workflow, {"calls": str(calls), "ledger": str(tmp_path / "ledger"), **extra})
+    return run_id, calls
+
+
+def seen(calls: Path) -> list[str]:
+    return calls.read_text().splitlines()
+
+
+def commits(run_id: str) -> list[list[str]] | None:
+    """The run's completed attempts grouped by the commit that recorded them (a transaction's now() is one on
+    PostgreSQL; None on SQLite, whose clock moves within a statement: `seen` tells there what each step found)."""
+    if connection.vendor != "postgresql":
+        return None
+    groups: dict[object, list[str]] = {}
+    for step, at in RunStep.objects.filter(run_id=run_id, status="completed").order_by("finished_at", "step") \
+            .values_list("step", "finished_at"):
+        groups.setdefault(at, []).append(step)
+    return list(groups.values())
+
+
+def test_a_chain_of_steps_without_intents_is_one_commit_made_before_the_next_intent_step_acts(tmp_path):
+    run_id, calls = start(tmp_path)
+    services.resume_due()
+    assert RunState.objects.get(pk=run_id).status == RunStatus.COMPLETED
+    # While the chain ran nothing of it was committed; confirm acted after its own intent and the chain's results.
+    assert seen(calls) == ["reserve 1", "price_1 1", "price_2 1", "price_3 1", "confirm 5"]
+    assert commits(run_id) in ([["reserve"], ["price_1", "price_2", "price_3"], ["confirm"]], None)
+    if connection.vendor == "postgresql":  # the same commit
+        started = RunStep.objects.get(run_id=run_id, step="confirm").started_at
+        assert started == RunStep.objects.get(run_id=run_id, step="price_3").finished_at
+    results = dict(RunStep.objects.filter(run_id=run_id).values_list("step", "result"))
+    assert [results[f"price_{n}"]["total"] for n in (1, 2, 3)] == [1, 3, 6]  # each saw the held result before it
+
+
+def test_with_the_window_at_zero_each_result_is_committed_alone(tmp_path, settings):
+    settings.DURABLERUNS_HOLD_RESULTS_SECONDS = 0
+    run_id, calls = start(tmp_path)
+    services.resume_due()
+    assert seen(calls) == ["reserve 1", "price_1 1", "price_2 2", "price_3 3", "confirm 5"]
+    assert commits(run_id) in ([["reserve"], ["price_1"], ["price_2"], ["price_3"], ["confirm"]], None)
+
+
+def test_a_chain_older_than_the_window_is_committed_and_a_new_one_begins(tmp_path, settings):
+    settings.DURABLERUNS_HOLD_RESULTS_SECONDS = 0.2
+    run_id, calls = start(tmp_path, sleep={"price_2": 0.3})
+    services.resume_due()
+    assert seen(calls) == ["reserve 1", "price_1 1", "price_2 1", "price_3 3", "confirm 5"]
+    assert commits(run_id) in ([["reserve"], ["price_1", "price_2"], ["price_3"], ["confirm"]], None)
+
+
+def test_a_chain_that_ends_the_run_ends_it_in_its_one_commit(tmp_path):
+    run_id, calls = start(tmp_path, workflow="pure_chain")
+    services.resume_due()
+    assert seen(calls) == ["price_1 0", "price_2 0", "price_3 0"]
+    assert commits(run_id) in ([["price_1", "price_2", "price_3"]], None)
+    run = RunState.objects.get(pk=run_id)
+    assert run.status == RunStatus.COMPLETED and run.cursor == 3
+
+
+def test_a_step_that_raises_in_a_chain_commits_the_held_results_before_its_failure(tmp_path):
+    run_id, calls = start(tmp_path, raise_in="price_3")
+    services.resume_due()
+    assert RunState.objects.get(pk=run_id).status == RunStatus.COMPLETED
+    assert seen(calls) == ["reserve 1", "price_1 1", "price_2 1", "price_3 1", "price_3 4", "confirm 6"]
+    rows = {(s, a): (st, at) for s, a, st, at in RunStep.objects.filter(run_id=run_id)
+            .values_list("step", "attempt", "status", "finished_at")}
+    assert rows[("price_3", 1)][0] == "failed" and rows[("price_3", 2)][0] == "completed"
+    assert rows[("price_1", 1)][1] < rows[("price_3", 1)][1]  # committed first, not lost with the failure
+    assert connection.vendor != "postgresql" or rows[("price_1", 1)][1] == rows[("price_2", 1)][1]
+
+
+def test_a_worker_that_lost_the_run_in_a_chain_writes_none_of_it(tmp_path):
+    run_id, calls = start(tmp_path, take_over_in="price_2")
+    report = services.resume_due()
+    assert [o.status for o in report.outcomes] == ["fenced_out"]
+    assert seen(calls) == ["reserve 1", "price_1 1", "price_2 1", "price_3 1"]
+    assert list(RunStep.objects.filter(run_id=run_id).values_list("step", flat=True)) == ["reserve"]
+    assert RunState.objects.get(pk=run_id).cursor == 1
