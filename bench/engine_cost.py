@@ -1,11 +1,12 @@
 """What a durable step costs: durableruns end to end against the raw psycopg floor and against DBOS.
 
-Seven workloads are timed side by side in rotating rounds (so a load that drifts hits all of them): one
+Eight workloads are timed side by side in rotating rounds (so a load that drifts hits all of them): one
 committed single-row UPDATE through raw psycopg, both on the settings Django uses (client-side binding) and on
 those of durableruns' hot path (prepared); a step's bookkeeping done by hand (two commits, and one fenced
 statement) on Django's settings; a 9-step run of no-op steps through durableruns
 (services.start_run, then services.resume_due in this process: claim, boundary, intent, result), with its
-statements prepared (the default) and not; and the same
+statements prepared (the default) and not, and with its steps declared intent=False (their results share one
+commit: durableruns.held); and the same
 9 no-op steps as a DBOS Transact workflow. It also counts the commits durableruns makes per run, which the
 design bounds at (9 + 3) / 9 per step: the run's creation, its claim, the first intent, then one commit per step
 that records its result together with the next step's intent (the last one completes the run). On PostgreSQL the
@@ -22,7 +23,7 @@ from typing import Any
 from bench import app, dbos_baseline, floor
 from bench.pg import Databases
 from bench.stats import Workload, interleave, ratio
-from bench.workflows import NOOP_STEPS, noop9
+from bench.workflows import NOOP_STEPS, noop9, noop9_held
 from django.test import override_settings
 
 from durableruns import services
@@ -30,25 +31,28 @@ from durableruns import services
 WORKFLOW = noop9.name
 
 
-def run_once() -> None:
+def run_once(workflow: str = WORKFLOW) -> None:
     """One 9-step run end to end: recorded pending, then claimed and worked by a resume pass."""
-    run_id = services.start_run(WORKFLOW, {})
+    run_id = services.start_run(workflow, {})
     report = services.resume_due(limit=1)
     outcome = report.outcomes[0] if report.outcomes else None
     if outcome is None or outcome.run_id != run_id or outcome.status != "completed":
         raise RuntimeError(f"the bench run did not complete in one pass: {report.summary()}")
 
 
-def durableruns_workload(runs: int, *, prepared: bool = True) -> Workload:
+def durableruns_workload(runs: int, *, prepared: bool = True, held: bool = False) -> Workload:
     """``runs`` runs end to end; with ``prepared`` False, the hot path as it was before it prepared its statements
-    (DURABLERUNS_PREPARED_STATEMENTS off), to show what preparing buys."""
+    (DURABLERUNS_PREPARED_STATEMENTS off), to show what preparing buys; with ``held``, the steps declared
+    intent=False (bench.workflows.noop9_held: one commit for the nine results)."""
+    workflow = noop9_held.name if held else WORKFLOW
 
     def work(_setup: None) -> None:
         with override_settings(DURABLERUNS_PREPARED_STATEMENTS=prepared):
             for _ in range(runs):
-                run_once()
+                run_once(workflow)
 
-    return Workload(name="durableruns" if prepared else "durableruns_unprepared", run=work, ops=runs * NOOP_STEPS)
+    name = "durableruns_held" if held else "durableruns" if prepared else "durableruns_unprepared"
+    return Workload(name=name, run=work, ops=runs * NOOP_STEPS)
 
 
 def count_commits() -> dict[str, Any]:
@@ -88,6 +92,7 @@ def measure(*, dbs: Databases, repeat: int, runs: int, commits: int, dbos_workfl
             floor.one_statement_workload(conn, runs=runs, steps=NOOP_STEPS),
             durableruns_workload(runs),
             durableruns_workload(runs, prepared=False),
+            durableruns_workload(runs, held=True),
             dbos(dbos_workflows),
         ]
         ms = interleave(workloads, repeat=repeat)
@@ -113,6 +118,9 @@ def measure(*, dbs: Databases, repeat: int, runs: int, commits: int, dbos_workfl
         "durableruns_over_floor_of_its_commits": ratio(engine, per_step_floor),
         "durableruns_over_floor_one_statement": ratio(engine, ms["floor_one_statement_step"]),
         "durableruns_over_dbos": ratio(engine, dbos_ms),
+        "ms_per_step_durableruns_held": ms["durableruns_held"],
+        "durableruns_held_over_floor_commit": ratio(ms["durableruns_held"], commit_ms),
+        "durableruns_held_over_dbos": ratio(ms["durableruns_held"], dbos_ms),
         "commits": commit_count,
         "floor_selfcheck": selfcheck,
         "params": {"rounds": repeat, "order": "rotating rounds: A B C D E, B C D E A, ...",

@@ -32,6 +32,12 @@ for _index in range(1, NOOP_STEPS + 1):
 
 STEP_NAMES: tuple[str, ...] = noop9.plan
 
+# The nine no-op steps declared intent=False, as the seed allows for a step with no external effect: no intent,
+# and the run's nine results share one commit (durableruns.held). bench.engine_cost times both side by side.
+noop9_held = Workflow("bench_noop9_held")
+for _index in range(1, NOOP_STEPS + 1):
+    noop9_held.step(policy="re_executable", intent=False)(_noop_step(f"step_{_index}"))
+
 # The commit-limit load (bench.commit_limit): five no-op steps, as in issue 34's measurement against pgbench.
 NOOP5_STEPS = 5
 noop5 = Workflow("bench_noop5")

@@ -47,10 +47,12 @@ def test_every_figure_is_written_with_positive_medians(results):
     engine = figures["engine"]
     for name in ("ms_per_commit_floor", "ms_per_commit_floor_client_side", "ms_per_commit_floor_prepared",
                  "ms_per_step_floor_two_commits", "ms_per_step_floor_one_statement",
-                 "ms_per_step_durableruns", "ms_per_step_durableruns_unprepared", "ms_per_step_dbos"):
+                 "ms_per_step_durableruns", "ms_per_step_durableruns_unprepared", "ms_per_step_dbos",
+                 "ms_per_step_durableruns_held"):
         positive(engine[name], name)
     for name in ("durableruns_over_floor_commit", "durableruns_over_dbos", "durableruns_over_floor_of_its_commits",
-                 "durableruns_prepared_over_unprepared"):
+                 "durableruns_prepared_over_unprepared", "durableruns_held_over_floor_commit",
+                 "durableruns_held_over_dbos"):
         assert engine[name]["ratio"] > 0
     # A 9-step run: create, claim with the first intent, then one per step (the design allows one more, for a
     # first intent of its own); the boundary reads nothing more (the attempts ride on the claim). The one read is
