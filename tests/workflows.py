@@ -687,6 +687,8 @@ def _price(n: int) -> Any:
         _called(ctx)
         if ctx.input.get("raise_in") == ctx.step and ctx.attempt == 1:
             raise RuntimeError("the price list is unavailable")
+        if ctx.input.get("attribute_in") == ctx.step:  # recorded with its result: that commit comes at once
+            ctx.set_attributes(priced_by=ctx.step)
         if ctx.input.get("take_over_in") == ctx.step:  # another worker takes the run meanwhile
             from durableruns.models import RunState
 
