@@ -356,7 +356,7 @@ class Engine:
             faults.reached("after_intent", step.name)
             began = time.monotonic()
             try:
-                result, encoded = self.call(state, step, intent)
+                result, encoded = self.call(state, step, intent, recorded=recorded)
             except (FencedOut, EffectInTransaction):
                 raise
             except Exception as exc:  # users' code: classify, never retry blindly
@@ -401,15 +401,24 @@ class Engine:
             store.record_held(state.lease, state.held, cursor=index, clock=self.clock)
             state.held = []
 
-    def call(self, state: Pass, step: Step, intent: Intent) -> tuple[Any, str]:
-        """Run the step; return its result and the result's JSON (encoded once, refused here if it is not)."""
+    def call(self, state: Pass, step: Step, intent: Intent, *, recorded: bool = True) -> tuple[Any, str]:
+        """Run the step; return its result and the result's JSON (encoded once, refused here if it is not). An
+        attempt with no intent `recorded` has no started row to checkpoint or report progress into: asked to, it
+        raises DeclarationError (the attempt fails, as any error of a re_executable step)."""
         lease = state.lease
+
+        def unrecorded(*_: Any) -> None:
+            raise DeclarationError(f"{step.name} is declared intent=False: it records no attempt before it acts, so "
+                                   f"it cannot checkpoint (ctx.loop, ctx.map) or report progress; declare it with its "
+                                   f"intent", step=step.name)
 
         # The step gets its own copy of the last committed progress: what it changes before it raises must not
         # leak into the copy a new attempt starts from (nested lists would, with a shallow copy).
         state.loop_cursor, state.progress = intent.loop_cursor, copy.deepcopy(dict(intent.progress or {}))
 
         def checkpoint(loop_cursor: int, progress: dict[str, Any]) -> None:
+            if not recorded:
+                unrecorded()
             store.checkpoint(lease, step=step.name, attempt=intent.attempt, loop_cursor=loop_cursor,
                              progress=progress, clock=self.clock)
             state.loop_cursor, state.progress = loop_cursor, copy.deepcopy(progress)  # as committed
@@ -427,7 +436,7 @@ class Engine:
             timeout=step_timeout(step),
             progress=copy.deepcopy(state.progress), loop_start=intent.loop_cursor, checkpoint=checkpoint,
             start_child=start_child, attributes=state.attributes,
-            report=store.reporter(lease, step.name, intent.attempt, self.clock),
+            report=store.reporter(lease, step.name, intent.attempt, self.clock) if recorded else unrecorded,
         )
         ensure_autocommit()
         with traced_call(state, step, intent.attempt):

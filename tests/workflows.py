@@ -716,3 +716,11 @@ chained.step(policy="resolvable", lookup=_in_ledger)(_booker("confirm"))
 pure_chain = Workflow("pure_chain")
 for _n in (1, 2, 3):
     pure_chain.step(policy="re_executable", intent=False)(_price(_n))
+
+# A step that records no intent has no started attempt to checkpoint into: its ctx.loop fails the attempt, clearly.
+unrecorded_loop = Workflow("unrecorded_loop")
+
+
+@unrecorded_loop.step(policy="re_executable", intent=False, max_attempts=2)
+def count_lines(ctx: Any) -> int:
+    return sum(1 for _ in ctx.loop(range(30), every=10))

@@ -117,3 +117,13 @@ def test_a_step_that_sets_attributes_commits_them_with_the_chain_so_far(tmp_path
     assert seen(calls) == ["reserve 1", "price_1 1", "price_2 1", "price_3 3", "confirm 5"]
     assert commits(run_id) in ([["reserve"], ["price_1", "price_2"], ["price_3"], ["confirm"]], None)
     assert durableruns.boundary(run_id).attributes == {"priced_by": "price_2"}
+
+
+def test_a_step_without_an_intent_that_checkpoints_fails_saying_why_instead_of_looping(tmp_path):
+    run_id = durableruns.start("unrecorded_loop", {})
+    report = services.resume_due()
+    assert [o.status for o in report.outcomes] == [RunStatus.FAILED]  # not fenced out, again and again
+    run = RunState.objects.get(pk=run_id)
+    assert "count_lines is declared intent=False" in run.reason and "ctx.loop" in run.reason, run.reason
+    assert list(RunStep.objects.filter(run_id=run_id).values_list("attempt", "status")) == [(1, "failed"),
+                                                                                          (2, "failed")]
