@@ -141,9 +141,16 @@ def _pg_record_result(*, run: str, epoch: int, owner: str, times: Times, cursor:
     result: its parent's id if the parent is to be asked about once more after the commit (_WAKE_PARENT)."""
     params = {"run": run, "epoch": epoch, "owner": owner, "cursor": cursor, "step": step, "attempt": attempt,
               "result": result, "resolution": resolution, **times}
+    return _moved(_RECORD_RESULT, params, finish=finish, intent=intent, standby=standby)
+
+
+def _moved(statements: dict[tuple[bool, bool], str], params: dict[str, Any], *, finish: bool,
+           intent: dict[str, Any] | None, standby: str | None) -> bool | str:
+    """Run the variant of `statements` for (a next intent, the run's end): True once the cursor moved, False if
+    fenced out, or a child run's parent to ask about once more after the commit (_WAKE_PARENT)."""
     if intent is not None:
         params.update(intent)
-    sql = _RECORD_RESULT[(intent is not None, finish)]
+    sql = statements[(intent is not None, finish)]
     if standby is not None:
         return waiting_for_standby(sql, params, standby)[0] is not None
     row = one(sql, params)
@@ -162,17 +169,7 @@ def _pg_record_unrecorded(*, run: str, epoch: int, owner: str, times: Times, cur
               "r_steps": [r.step for r in rows], "r_attempts": [r.attempt for r in rows],
               "r_keys": [r.effect_key for r in rows], "r_results": [r.encoded for r in rows],
               "r_resolutions": [r.resolution for r in rows]}
-    if intent is not None:
-        params.update(intent)
-    sql = _RECORD_UNRECORDED[(intent is not None, finish)]
-    if standby is not None:
-        return waiting_for_standby(sql, params, standby)[0] is not None
-    row = one(sql, params)
-    if row is None:
-        return False
-    if finish and row[0] is not None and not row[1]:  # a child that saw a sibling still moving
-        return str(row[0])
-    return True
+    return _moved(_RECORD_UNRECORDED, params, finish=finish, intent=intent, standby=standby)
 
 
 def _pg_checkpoint(*, run: str, epoch: int, times: Times, step: str, attempt: int, loop: int, progress: str) -> bool:
