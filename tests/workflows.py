@@ -682,7 +682,7 @@ def _book(ctx: Any) -> dict[str, Any]:
     return {"key": ctx.effect_key}
 
 
-def _price(n: int) -> Any:
+def _chain_price(n: int) -> Any:
     def price(ctx: Any) -> dict[str, Any]:
         _called(ctx)
         if ctx.input.get("raise_in") == ctx.step and ctx.attempt == 1:
@@ -709,13 +709,13 @@ def _booker(name: str) -> Any:
 
 chained.step(policy="resolvable", lookup=_in_ledger)(_booker("reserve"))
 for _n in (1, 2, 3):
-    chained.step(policy="re_executable", intent=False)(_price(_n))
+    chained.step(policy="re_executable", intent=False)(_chain_price(_n))
 chained.step(policy="resolvable", lookup=_in_ledger)(_booker("confirm"))
 
 # Only steps that record no intent: the run's last result, held with the others, ends it in one commit.
 pure_chain = Workflow("pure_chain")
 for _n in (1, 2, 3):
-    pure_chain.step(policy="re_executable", intent=False)(_price(_n))
+    pure_chain.step(policy="re_executable", intent=False)(_chain_price(_n))
 
 # A step that records no intent has no started attempt to checkpoint into: its ctx.loop fails the attempt, clearly.
 unrecorded_loop = Workflow("unrecorded_loop")
