@@ -69,7 +69,6 @@ WAL_EVENTS = ("IO:WALSync", "LWLock:WALWrite", "IO:WALWrite")
 # The load's declaration (--declared): "intent", each no-op step records its intent (bench.workflows.noop5), or
 # "none", the same steps declared intent=False, whose results share one commit (noop5_held, durableruns.held).
 DECLARED = {"intent": "bench_noop5", "none": "bench_noop5_held"}
-LOAD = {"workflow": DECLARED["intent"]}
 
 
 # -- sampling the server ---------------------------------------------------------------------------------------
@@ -156,12 +155,11 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 # -- the durableruns side ------------------------------------------------------------------------------------
 
 
-def create_pending(dbname: str, runs: int) -> None:
+def create_pending(dbname: str, runs: int, workflow: str = DECLARED["intent"]) -> None:
     """Empty the tables and record `runs` pending noop5 runs in one statement (the rows start_run writes)."""
     import bench.workflows  # noqa: F401  registers the loads
     from durableruns.registry import get_workflow
 
-    workflow = LOAD["workflow"]
     with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
         conn.execute("DELETE FROM run_step")
         conn.execute("DELETE FROM run_state")
@@ -231,11 +229,11 @@ def run_workers(dbname: str, workers: int, concurrency: int, *, counted: Path | 
     return {"wall_s": wall, "worker_cpu_s": cpu}
 
 
-def durableruns_round(dbname: str, *, runs: int, workers: int, concurrency: int,
+def durableruns_round(dbname: str, *, runs: int, workers: int, concurrency: int, workflow: str,
                       root: Path = app.ROOT) -> dict[str, Any]:
     from bench.workflows import NOOP5_STEPS
 
-    create_pending(dbname, runs)
+    create_pending(dbname, runs, workflow)
     before = server_counters(dbname)
     with sampling(dbname, APP_NAME) as seen:
         worker = run_workers(dbname, workers, concurrency, root=root)
@@ -256,12 +254,12 @@ def durableruns_round(dbname: str, *, runs: int, workers: int, concurrency: int,
     }
 
 
-def counted_pass(dbname: str, *, runs: int, workers: int, concurrency: int,
+def counted_pass(dbname: str, *, runs: int, workers: int, concurrency: int, workflow: str,
                  root: Path = app.ROOT) -> dict[str, float]:
     """The same load under bench.counted_worker (untimed): statements and round trips per step."""
     from bench.workflows import NOOP5_STEPS
 
-    create_pending(dbname, runs)
+    create_pending(dbname, runs, workflow)
     with tempfile.TemporaryDirectory(prefix="bench-commit-counts-") as tmp:
         run_workers(dbname, workers, concurrency, counted=Path(tmp), root=root)
         totals: Counter[str] = Counter()
@@ -327,13 +325,12 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def memory(dbname: str, *, runs: int, concurrency: int = 32, batches: int = 10) -> dict[str, Any]:
+def memory(dbname: str, *, runs: int, workflow: str, concurrency: int = 32, batches: int = 10) -> dict[str, Any]:
     """One --loop worker of `concurrency` threads fed `runs` runs in `batches`; its RSS after each batch."""
     from bench.workflows import NOOP5_STEPS
     from durableruns.registry import get_workflow
 
-    workflow = LOAD["workflow"]
-    create_pending(dbname, 0)
+    create_pending(dbname, 0, workflow)
     per_batch = max(1, runs // batches)
     worker = app.LoopWorker(dbname, "--loop", "--concurrency", str(concurrency), "--lease", "30",
                             env_extra={"PGAPPNAME": APP_NAME})
@@ -391,7 +388,8 @@ def rotated(items: list[Any], round_no: int) -> list[Any]:
 
 
 def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurrency: int, rounds: int,
-            pgbench_seconds: int, memory_runs: int, baseline: Path | None = None) -> dict[str, Any]:
+            pgbench_seconds: int, memory_runs: int, workflow: str = DECLARED["intent"],
+            baseline: Path | None = None) -> dict[str, Any]:
     clients = sorted({w * concurrency for w in worker_counts})
     prepare_pgbench(dbname, max(clients))
     jobs: list[tuple[str, int]] = [("durableruns", w) for w in worker_counts] + [("pgbench", c) for c in clients]
@@ -406,12 +404,13 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
         this_round: dict[tuple[str, int], dict[str, Any]] = {}
         for kind, n in rotated(jobs, round_no):
             if kind == "durableruns":
-                this_round[kind, n] = durableruns_round(dbname, runs=runs, workers=n, concurrency=concurrency)
+                this_round[kind, n] = durableruns_round(dbname, runs=runs, workers=n, concurrency=concurrency,
+                                                        workflow=workflow)
                 ours[n].append(this_round[kind, n])
             elif kind == "baseline":
                 assert baseline is not None
                 this_round[kind, n] = durableruns_round(baseline_db(dbname), runs=runs, workers=n,
-                                                        concurrency=concurrency, root=baseline)
+                                                        concurrency=concurrency, workflow=workflow, root=baseline)
                 base[n].append(this_round[kind, n])
             else:
                 this_round[kind, n] = pgbench_round(dbname, clients=n, seconds=pgbench_seconds)
@@ -425,7 +424,8 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
             if baseline is not None:
                 base_ratios[w].append(this_round["durableruns", w]["steps_per_s"]
                                       / this_round["baseline", w]["steps_per_s"])
-    counts = {w: counted_pass(dbname, runs=runs, workers=w, concurrency=concurrency) for w in worker_counts}
+    counts = {w: counted_pass(dbname, runs=runs, workers=w, concurrency=concurrency, workflow=workflow)
+              for w in worker_counts}
     levels: dict[str, Any] = {}
     numeric = ("span_s", "wall_s", "steps_per_s", "steps_per_s_wall", "worker_cpu_ms_per_step", "pg_cpu_ms_per_step",
                "commits_per_step", "wal_records_per_step", "wal_fpi_per_step", "wal_bytes_per_step",
@@ -448,7 +448,7 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
         levels[str(w)] = level
     figures: dict[str, Any] = {"levels": levels}
     if memory_runs:
-        figures["memory"] = memory(dbname, runs=memory_runs)
+        figures["memory"] = memory(dbname, runs=memory_runs, workflow=workflow)
     return figures
 
 
@@ -575,7 +575,6 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     worker_counts = tuple(int(w) for w in args.workers.split(",") if w)
-    LOAD["workflow"] = DECLARED[args.declared]
     began = time.perf_counter()
     recreate_database(args.db)
     app.configure(args.db)
@@ -593,7 +592,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     figures = measure(dbname=args.db, runs=args.runs, worker_counts=worker_counts, concurrency=args.concurrency,
                       rounds=args.rounds, pgbench_seconds=args.pgbench_seconds, memory_runs=args.memory_runs,
-                      baseline=args.baseline.resolve() if args.baseline is not None else None)
+                      workflow=DECLARED[args.declared], baseline=args.baseline.resolve() if args.baseline is not None else None)
     meta.update(loadavg_end=os.getloadavg(), duration_s=time.perf_counter() - began)
     data = {"meta": meta, "figures": figures}
     args.out.mkdir(parents=True, exist_ok=True)

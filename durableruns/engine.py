@@ -368,7 +368,8 @@ class Engine:
                 intent, recorded = follow
                 continue
             faults.reached("after_return", step.name)
-            following = held_for(state, plan, index, began, stopping=self._stopping())
+            # Only an attempt that recorded nothing may wait for a later commit: one with an intent is due now.
+            following = None if recorded else held_for(state, plan, index, began, stopping=self._stopping())
             if following is not None:  # no commit: the next step records no intent either (durableruns.held)
                 state.held.append(Held(step=step.name, attempt=intent.attempt, effect_key=intent.effect_key,
                                        encoded=encoded))
