@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from durableruns.errors import FencedOut
 from durableruns.models import RunStatus
 from durableruns.passes import RunOutcome
 from durableruns.registry import first_steps
+from durableruns.store.base import Claimed
 from durableruns.store.claims import more_due_after_last_claim
 from durableruns.worker.heartbeat import Heartbeat
 
@@ -69,7 +71,13 @@ class Waker:
     thread was looking (a run started just after a claim found nothing) ends the next wait at once instead of
     being lost, and it sends one thread to look again, not every thread that was looking meanwhile. Permits are
     kept up to the number of threads waiting (at least one): one permit not yet taken already promises a claim
-    that begins after every wake before it, so more would only buy claims that find nothing."""
+    that begins after every wake before it, so more would only buy claims that find nothing.
+
+    Between claims the process knows that nothing is due (`nothing_due`) while it hears every notification and a
+    claim begun after the last wake either saw nothing else due or is still under way: the latter sees whatever
+    that wake announced, and if more is due behind what it takes it wakes the next thread. So a thread that ends
+    a run while another thread's claim answers the last wake goes idle instead of claiming beside it, one of the
+    two finding nothing."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
@@ -81,6 +89,7 @@ class Waker:
         # comes due by itself (this process's monotonic clock when read, and the seconds it said then).
         self._wakes = 0
         self._quiet_at = -1
+        self._looking: Counter[int] = Counter()  # claims under way, by the wakes there had been when each began
         self._next_due: tuple[float, float | None] | None = None
         self.hearing = False  # set by the listener while notifications reach this process
 
@@ -102,6 +111,27 @@ class Waker:
         with self._condition:
             return self._wakes
 
+    def wake_unless_since(self, wakes: int) -> None:
+        """Wake as `wake` does, unless there have been wakes since `wakes`: each of those already sends a thread
+        to claim after it, which sees whatever a claim begun before it saw due."""
+        with self._condition:
+            if self._wakes != wakes:
+                return
+        self.wake()
+
+    def claim_begins(self) -> int:
+        """A claim begins: return the wakes so far (for saw_nothing_due), and count it under way until
+        `claim_ended` is told that number, once what it saw is recorded."""
+        with self._condition:
+            self._looking[self._wakes] += 1
+            return self._wakes
+
+    def claim_ended(self, wakes: int) -> None:
+        with self._condition:
+            self._looking[wakes] -= 1
+            if self._looking[wakes] <= 0:
+                del self._looking[wakes]
+
     def saw_nothing_due(self, wakes: int, *, next_due: tuple[float, float | None] | None = None) -> None:
         """A claim begun after `wakes` wakes found nothing due but what it took; `next_due`, if it read it: when
         it read it (time.monotonic()) and the seconds until the next run comes due by itself (None: none will)."""
@@ -113,10 +143,12 @@ class Waker:
     def nothing_due(self) -> tuple[bool, float | None]:
         """Whether the process knows that nothing is due now, and if so the seconds until the next run comes due
         by itself (None: none will). It knows while notifications reach it, a claim that saw nothing else due
-        began after the last wake, and the latest reading of the next wake time has not come yet: whatever made
-        a run due since would have notified, and the thread that notification woke claims it."""
+        began after the last wake (or one begun after it is still under way), and the latest reading of the next
+        wake time has not come yet: whatever made a run due since would have notified, and the thread that
+        notification woke claims it."""
         with self._condition:
-            if not self.hearing or self._quiet_at != self._wakes or self._next_due is None:
+            answered = self._quiet_at == self._wakes or self._wakes in self._looking
+            if not self.hearing or not answered or self._next_due is None:
                 return False, None
             read_at, seconds = self._next_due
         if seconds is None:
@@ -372,14 +404,11 @@ class WorkerPool:
         left = None if self.deadline is None else self.deadline - time.monotonic()
         return idle_timeout(due_in, poll=min(self.idle_seconds, idle_poll_seconds()), deadline_in=left)
 
-    def _work_due(self, engine: Engine, owner: str) -> tuple[bool, float | None]:
-        """Claim and work runs until none is due; return whether the budget ran out, and the seconds until the
-        next run comes due by itself (None: none will, or not known)."""
-        waker = self.waker if self.run_id is None else None
-        while not self.stopping.is_set() and not self._past_deadline():
-            if not self.budget.take():
-                return True, None
-            wakes = waker.wakes() if waker is not None else 0
+    def _claim(self, owner: str, waker: Waker | None) -> tuple[Claimed | None, float | None]:
+        """Claim the next due run, and tell `waker` what the claim saw; return the run taken, if any, else the
+        seconds until the next run comes due by itself, if the claim read them."""
+        wakes = waker.claim_begins() if waker is not None else 0
+        try:
             asked = time.monotonic() if self.on_claim is not None else 0.0
             claimed = store.claim(
                 owner=owner,
@@ -398,16 +427,31 @@ class WorkerPool:
             if claimed is None:
                 self.budget.give_back()
                 if waker is None or self.timer is None:  # the thread stops here, or polls: no timer to set
-                    return False, None
+                    return None, None
                 due_in = self.timer()  # read by the claim itself: no statement of its own
                 waker.saw_nothing_due(wakes, next_due=(time.monotonic(), due_in))
-                return False, due_in
+                return None, due_in
             if waker is not None:
                 if more_due_after_last_claim():
                     # Another run was due behind this one: the next idle thread looks while this one works.
-                    waker.wake()
+                    waker.wake_unless_since(wakes)
                 else:
                     waker.saw_nothing_due(wakes)
+            return claimed, None
+        finally:
+            if waker is not None:
+                waker.claim_ended(wakes)  # after what it saw is told: a thread that ends a run meanwhile relies on it
+
+    def _work_due(self, engine: Engine, owner: str) -> tuple[bool, float | None]:
+        """Claim and work runs until none is due; return whether the budget ran out, and the seconds until the
+        next run comes due by itself (None: none will, or not known)."""
+        waker = self.waker if self.run_id is None else None
+        while not self.stopping.is_set() and not self._past_deadline():
+            if not self.budget.take():
+                return True, None
+            claimed, due_in = self._claim(owner, waker)
+            if claimed is None:
+                return False, due_in
             run_id = claimed.lease.run_id
             with self._lock:
                 self._in_hand[threading.current_thread().name] = InHand(

@@ -175,6 +175,24 @@ def test_a_new_run_rouses_one_idle_thread_not_all_of_them_and_a_burst_fans_out()
         assert len(owners) >= 6, owners  # worked side by side, not one after another
 
 
+def test_runs_started_one_after_another_while_threads_work_cost_about_one_claim_each():
+    """Runs started one at a time while the threads are busy with earlier ones: each start's notification sends
+    one thread to claim. A thread that ends a run while a claim answering the last notification is under way goes
+    idle instead of claiming beside it, and a claim that saw another run due behind its own wakes no second thread
+    for it when that run's notification has come already: either would be a claim that finds nothing."""
+    runs = []
+    with idle_pool(8, "trickle-busy") as (claims, waker):
+        for _ in range(RUNS_ONE_BY_ONE):
+            runs.append(durableruns.start("pool_napping", {"nap": 0.02}))
+            time.sleep(0.005)
+        wait_until(lambda: RunState.objects.filter(pk__in=runs, status=RunStatus.COMPLETED).count() == len(runs)
+                   and waker.idle == 8, timeout=30, what="every run, and every thread idle again")
+    assert len(claims) <= 1.15 * len(runs), f"{len(claims)} claims for {len(runs)} runs"
+
+
+RUNS_ONE_BY_ONE = 60
+
+
 def test_a_thread_that_ends_a_run_while_nothing_else_is_due_goes_idle_without_a_claim():
     """Runs started one at a time, each ending before the next starts: each costs the one claim that takes it.
     The thread that ended it knows, from the process's own last claims and the notifications since, that nothing

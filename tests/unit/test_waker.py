@@ -113,3 +113,51 @@ def test_a_wake_time_read_by_a_quiet_claim_bounds_the_idle_wait_and_ends_the_kno
 )
 def test_an_idle_wait_ends_just_after_the_next_wake_time_however_soon(due_in, deadline_in, expected):
     assert idle_timeout(due_in, poll=5.0, deadline_in=deadline_in) == pytest.approx(expected)
+
+
+def test_a_claim_under_way_that_began_after_the_last_wake_answers_it_for_a_thread_that_ends_a_run():
+    """While another thread's claim begun after the last wake is under way, a thread that ends a run knows nothing
+    else needs a claim now: that claim sees what the wake announced (and wakes the next thread if more is due).
+    A claim begun before the wake does not answer it, and once the claim is over only what it saw counts."""
+    waker = Waker()
+    waker.hearing = True
+    waker.saw_nothing_due(waker.wakes(), next_due=(time.monotonic(), None))
+    waker.wake()
+    assert waker.nothing_due() == (False, None)
+    looking = waker.claim_begins()
+    assert waker.nothing_due() == (True, None)
+    waker.wake()  # a second run announced while that claim was under way: it may not see it
+    assert waker.nothing_due() == (False, None)
+    later = waker.claim_begins()
+    assert waker.nothing_due() == (True, None)
+    waker.claim_ended(later)  # over, and it told nothing: it took a run with more due behind (that wakes anew)
+    assert waker.nothing_due() == (False, None)
+    waker.claim_ended(looking)
+    assert waker.nothing_due() == (False, None)
+    twice = [waker.claim_begins(), waker.claim_begins()]
+    waker.claim_ended(twice[0])
+    assert waker.nothing_due() == (True, None)  # the other one is still under way
+    waker.claim_ended(twice[1])
+    assert waker.nothing_due() == (False, None)
+
+
+def test_a_claim_that_saw_more_due_wakes_the_next_thread_unless_a_wake_came_since_it_began():
+    """A wake since the claim began already sends a thread to claim after it, which sees what that claim saw due:
+    a second wake for the same run would send a thread to find nothing."""
+    waker = Waker()
+    began = waker.wakes()
+    waker.wake_unless_since(began)
+    assert waker.wait(0.05) is True  # no wake since: this one sends the next thread
+    began = waker.wakes()
+    waker.wake()  # a notification while the claim was under way
+    waker.wake_unless_since(began)
+    assert waker.wait(0.05) is True and waker.wait(0.05) is False  # one thread, not two
+    threads, woken = three_waiting(waker, 5.0)
+    began = waker.wakes()
+    waker.wake()
+    waker.wake_unless_since(began)
+    time.sleep(0.2)
+    assert woken == [True]  # one of the three waiting threads, not two
+    waker.wake_all()
+    for thread in threads:
+        thread.join(5)
