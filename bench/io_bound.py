@@ -25,12 +25,14 @@ to do, is 5 x 20 ms.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any
 
 import durableruns
 from bench import app, dbos_baseline, records
+from bench.commit_limit import proc_cpu_s
 from bench.pg import Databases
 from bench.stats import ratio, rotation, summarize
 from bench.workflows import IO_STEP_SECONDS, IO_STEPS, io5
@@ -87,11 +89,13 @@ def wait_idle(*, backends: int, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def loop_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tuple[float, float, float, float]:
+def loop_round(dbname: str, *, runs: int, workers: int,
+               concurrency: int) -> tuple[float, float, float, float, dict[str, float]]:
     """Seconds, on the database's clock, from the first durableruns.start() of ``runs`` I/O-bound runs until the
     last completed, worked by ``workers`` --loop processes of ``concurrency`` threads started (untimed) before;
     the same span as this process saw it, polling every 20 ms (an upper bound, for the record); the first
-    batch's seconds; and the claims that found nothing per run, over every batch (from the workers' summaries)."""
+    batch's seconds; the claims that found nothing per run, over every batch (from the workers' summaries); and
+    where the timed batch's time went (`Spent`)."""
     app.reset()
     started = []
     try:
@@ -112,11 +116,52 @@ def loop_round(dbname: str, *, runs: int, workers: int, concurrency: int) -> tup
             _start_and_wait(runs, workers, prefix=f"warm{batch}")
         app.clear()
         wait_idle(backends=workers * concurrency)
-        seconds, polled = _start_and_wait(runs, workers, prefix="io")
+        with Spent([worker.proc.pid for worker in started]) as spent:
+            seconds, polled = _start_and_wait(runs, workers, prefix="io", spent=spent)
     finally:
         app.stop_all(started)
     empty = sum(found_nothing(worker.lines) for worker in started)
-    return seconds, polled, first, empty / (runs * (WARM_UP_BATCHES + 1))
+    return seconds, polled, first, empty / (runs * (WARM_UP_BATCHES + 1)), spent.figures(runs * IO_STEPS)
+
+
+class Spent:
+    """Where a timed batch's time went: the CPU seconds of the worker processes, of PostgreSQL (this database's
+    backends and the server's own processes: WAL writer, checkpointer, ...) and of this process, read from
+    /proc before and after; and how long this process took to start the runs, one after another."""
+
+    def __init__(self, worker_pids: list[int]) -> None:
+        self.worker_pids = worker_pids
+        self.starting_s = 0.0
+
+    @staticmethod
+    def _server_cpu() -> dict[int, float]:
+        pids = app.execute("SELECT pid FROM pg_stat_activity "
+                           "WHERE datname = current_database() OR backend_type <> 'client backend'")
+        return {pid: proc_cpu_s(pid) or 0.0 for (pid,) in pids}
+
+    @staticmethod
+    def _own_cpu() -> float:
+        times = os.times()
+        return times.user + times.system
+
+    def __enter__(self) -> Spent:
+        self._workers = [proc_cpu_s(pid) or 0.0 for pid in self.worker_pids]
+        self._server = self._server_cpu()
+        self._own = self._own_cpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.workers_cpu_s = sum((proc_cpu_s(pid) or 0.0) - before
+                                 for pid, before in zip(self.worker_pids, self._workers))
+        self.server_cpu_s = sum(cpu - self._server.get(pid, 0.0) for pid, cpu in self._server_cpu().items())
+        self.starter_cpu_s = self._own_cpu() - self._own
+
+    def figures(self, steps: int) -> dict[str, float]:
+        total = self.workers_cpu_s + self.server_cpu_s + self.starter_cpu_s
+        return {"starting_s": self.starting_s, "workers_cpu_ms_per_step": 1e3 * self.workers_cpu_s / steps,
+                "server_cpu_ms_per_step": 1e3 * self.server_cpu_s / steps,
+                "starter_cpu_ms_per_step": 1e3 * self.starter_cpu_s / steps,
+                "cpu_s": total, "cpu_floor_s": total / (os.cpu_count() or 1)}
 
 
 def found_nothing(lines: list[str]) -> int:
@@ -128,13 +173,16 @@ def found_nothing(lines: list[str]) -> int:
     raise RuntimeError(f"no summary line from a --loop worker: {lines[-3:]}")
 
 
-def _start_and_wait(runs: int, workers: int, *, prefix: str) -> tuple[float, float]:
+def _start_and_wait(runs: int, workers: int, *, prefix: str, spent: Spent | None = None) -> tuple[float, float]:
     """Start ``runs`` runs one after another and wait until all are completed (checked: each step once); return
-    the span on the database's clock and as this process saw it, polling every 20 ms."""
+    the span on the database's clock and as this process saw it, polling every 20 ms. `spent` hears how long the
+    starts took."""
     [(began,)] = app.execute("SELECT clock_timestamp()")
     began_here = time.perf_counter()
     for index in range(runs):
         durableruns.start(io5.name, {}, run_id=f"{prefix}-{index:05d}")
+    if spent is not None:
+        spent.starting_s = time.perf_counter() - began_here
     deadline = time.monotonic() + 600
     while app.status_counts().get("completed", 0) < runs:
         if time.monotonic() > deadline:
@@ -155,6 +203,7 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
     polled: list[float] = []
     first_batch: list[float] = []
     empty_claims: list[float] = []  # per run, in the --loop rounds
+    spending: list[dict[str, float]] = []  # where the --loop rounds' time went (Spent)
     dbos_threads: set[Any] = set()
     for _, name in rotation(rounds, repeat):
         if name == "dbos":
@@ -165,8 +214,10 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
         elif name == "startup":
             seconds[name].append(app.startup_seconds(dbs.app))
         elif name == "durableruns_loop":
-            wall, seen, first, empty = loop_round(dbs.app, runs=runs, workers=workers, concurrency=concurrency)
+            wall, seen, first, empty, spent = loop_round(dbs.app, runs=runs, workers=workers,
+                                                         concurrency=concurrency)
             seconds[name].append(wall)
+            spending.append(spent)
             polled.append(seen)
             first_batch.append(first)
             empty_claims.append(empty)
@@ -188,6 +239,9 @@ def measure(*, dbs: Databases, runs: int, workers: int, concurrency: int, repeat
     figures["durableruns_loop_polled_s"] = summarize(polled)
     figures["durableruns_loop_first_batch_s"] = summarize(first_batch)
     figures["durableruns_loop_empty_claims_per_run"] = summarize(empty_claims)
+    if spending:
+        figures["durableruns_loop_spent"] = {key: summarize([spent[key] for spent in spending])
+                                             for key in spending[0]}
     figures["durableruns_loop_first_batch_over_dbos"] = ratio(summarize(first_batch), summaries["dbos"])
     figures["critical_path_s"] = CRITICAL_PATH_S
     # The ideal schedule: every far call back to back on every thread of every worker, and never less than one

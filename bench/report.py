@@ -343,6 +343,7 @@ def _io_md(io: dict[str, Any]) -> list[str]:
         f"{', '.join(p['dbos_executor_threads'])}.",
         f"- durableruns --loop: {p['durableruns_loop_timing']}. Polled: {_ms(io['durableruns_loop_polled_s'], 2)} s."
         + _empty_claims(io),
+        *_io_spent(io),
         f"- durableruns --once: {p['durableruns_timing']}. One empty resume_runs process takes "
         f"{_ms(io['process_startup_s'], 2)} s.",
         f"- DBOS: {p['dbos_timing']}.",
@@ -598,6 +599,21 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _io_spent(io: dict[str, Any]) -> list[str]:
+    """Where the --loop rounds' time went (absent from results taken before it was measured)."""
+    spent = io.get("durableruns_loop_spent")
+    if not spent:
+        return []
+    median = {key: summary["median"] for key, summary in spent.items()}
+    return [f"- where the --loop time went (medians): starting the {io['params']['runs']} runs one after another "
+            f"took {median['starting_s']:.2f} s of it (each start a commit of its own, made while the workers keep "
+            f"the cores busy); CPU per step: the worker processes {median['workers_cpu_ms_per_step']:.2f} ms, "
+            f"PostgreSQL {median['server_cpu_ms_per_step']:.2f} ms (this database's backends and the server's own "
+            f"processes), the starting process {median['starter_cpu_ms_per_step']:.2f} ms; in all "
+            f"{median['cpu_s']:.2f} CPU seconds, which alone take {median['cpu_floor_s']:.2f} s of wall time on "
+            "this machine's cores (before any far call or wait)."]
 
 
 def _empty_claims(io: dict[str, Any]) -> str:

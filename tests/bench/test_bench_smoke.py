@@ -7,6 +7,7 @@ process on its own databases (prefix dr_bench_smoke, never the database under te
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,11 @@ def test_every_figure_is_written_with_positive_medians(results):
     assert io["durableruns_loop_polled_s"]["median"] >= io["durableruns_loop"]["seconds"]["median"]
     assert io["params"]["worker_args"].startswith("--once --concurrency ")
     assert io["params"]["loop_worker_args"].startswith("--loop --concurrency ")
+    # Where the --loop time went: the starts took part of the span, and each side spent CPU on every step.
+    spent = {key: summary["median"] for key, summary in io["durableruns_loop_spent"].items()}
+    assert 0 < spent["starting_s"] <= io["durableruns_loop_polled_s"]["median"], spent
+    assert min(spent["workers_cpu_ms_per_step"], spent["server_cpu_ms_per_step"], spent["starter_cpu_ms_per_step"]) > 0
+    assert spent["cpu_floor_s"] == pytest.approx(spent["cpu_s"] / os.cpu_count(), rel=0.01), spent
 
     scaling = figures["scaling"]
     levels = scaling["levels"]
