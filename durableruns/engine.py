@@ -34,6 +34,7 @@ from durableruns.passes import (
     Pass,
     RunOutcome,
     Stop,
+    crash_loop,
     describe,
     done_elsewhere,
     ensure_autocommit,
@@ -157,6 +158,9 @@ class Engine:
                                workflow=workflow, attempts=attempts, boundary=boundary)
         if workflow is None:  # every step done already: nothing of this deploy's is needed
             return self.release(lease, RunStatus.COMPLETED, "")
+        looping = "" if claimed.ending else crash_loop(claimed, boundary)  # intent=False: nothing else counts
+        if looping:
+            return self.release(lease, RunStatus.NEEDS_DECISION, looping)
         store.record_plan(plan, clock=self.clock)  # a no-op once this process knows it is recorded
         state = self._pass(claimed, plan, workflow, boundary, attempts)
         if claimed.ending:  # a run ending unfinished gives back what it holds, then ends

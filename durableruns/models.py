@@ -110,6 +110,15 @@ class RunState(models.Model):
         help_text="What the run ends as once its deadline passes, recorded at start with it: cancel or fail.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    takeovers = models.PositiveIntegerField(
+        default=0, db_default=0,
+        help_text="How many claims in a row took the run over from a worker whose lease ran out, with its cursor "
+                  "where the first of them found it: a worker that dies at a step recording nothing (intent=False) "
+                  "leaves no attempt to count against the crash budget, and this counts instead. 0 once a claim "
+                  "takes it otherwise (a worker handed it back, set it to wait, or staff retried it).")
+    takeover_cursor = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The cursor the run had when a claim last took it: a takeover at another cursor counts from 1.")
     alerted_at = models.DateTimeField(
         null=True, blank=True,
         help_text="When the staff who may retry it were last e-mailed about it while it stood stopped for staff "

@@ -28,7 +28,7 @@ from durableruns.held import Held, may_hold
 from durableruns.holdings import acquisition_round, last_completed, round_key
 from durableruns.models import Intervention, RunStep
 from durableruns.plans import Plan
-from durableruns.policies import Next, Policy
+from durableruns.policies import Next, Policy, crash_looped
 from durableruns.registry import Step, Workflow, effect_key
 from durableruns.store import Claimed, Intent, Lease, NewChild
 
@@ -216,6 +216,14 @@ def stopped_reason(
         grace=conf.missing_step_grace(),
         workflow=workflow,
     )
+
+
+def crash_loop(claimed: Claimed, boundary: Boundary) -> str:
+    """Why the run stops for staff before this pass begins (policies.crash_looped), or "": only where nothing it
+    recorded is in doubt, since an attempt in doubt is counted against the crash budget as it is settled."""
+    if boundary.in_doubt or not boundary.remainder:
+        return ""
+    return crash_looped(takeovers=claimed.takeovers, max_crashes=conf.max_crashes(), step=boundary.remainder[0])
 
 
 def done_elsewhere(name: str, policy: str) -> Step:

@@ -198,6 +198,20 @@ def cap_attempts(verdict: Next, *, failures: int, max_attempts: int) -> Next:
     return verdict
 
 
+def crash_looped(*, takeovers: int, max_crashes: int, step: str) -> str:
+    """Why a run stops for staff after `takeovers` claims in a row took it over from a worker that died at
+    `step` with nothing recorded in doubt (the steps from there declared intent=False record no attempt before
+    they act, so the crash budget has nothing else to count); "" while it may go on. Like cap_crashes: a crash
+    is not a failure, and it must not loop for ever, taking a worker down each time."""
+    if takeovers < max_crashes:
+        return ""
+    return (
+        f"its worker died {takeovers} times in a row at {step} with nothing recorded (steps declared "
+        f"intent=False record no attempt before they act): the crash budget of {max_crashes} is used up; staff "
+        "decide (retry it, or cancel the run)"
+    )
+
+
 def cap_crashes(verdict: Next, *, step: str, crashes: int, max_crashes: int) -> Next:
     """Stop an automatic re-run for staff once the step has ended in doubt `max_crashes` times.
 

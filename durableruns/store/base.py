@@ -57,6 +57,7 @@ class Claimed:
     trace_context: dict[str, str] | None = None  # the trace the run continues (durableruns.tracing)
     key_run_id: str | None = None  # the run whose effect keys its steps keep (a restart's original), if not its own
     overdue: bool = False  # its deadline had passed when it was claimed: the engine ends it (durableruns.deadlines)
+    takeovers: int = 0  # claims in a row that took it over from a dead worker, cursor unmoved (store.claims)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +71,16 @@ class Intent:
     loop_cursor: int = 0
     progress: dict[str, Any] | None = None
     wait_for_standby: bool = False  # its commit waits for a standby, with DURABLERUNS_STANDBY_INTENTS
+
+
+# A claim that takes a run over from a worker whose lease ran out (it was still running) counts it, from 1 again if
+# the cursor moved since the last claim; any other claim (the run was handed back, set to wait, retried by staff)
+# starts the count anew. The engine stops a run for staff once the count reaches the crash budget while nothing
+# is recorded in doubt (passes.crash_loop): steps declared intent=False leave no attempt to count. SET clauses of
+# the claims' UPDATE of run_state (store.claims, store.spread; the ORM's claim: store.claims.takeovers_after).
+TAKEOVER_COUNT = """CASE WHEN run_state.status <> 'running' THEN 0
+                      WHEN run_state.takeover_cursor = run_state.cursor THEN run_state.takeovers + 1 ELSE 1 END"""
+TAKEOVERS = "takeovers = " + TAKEOVER_COUNT + ",\n         takeover_cursor = run_state.cursor"
 
 
 # The reason of a run started with a run_after: waiting, with that time as its wake time, until it is due.

@@ -22,7 +22,7 @@ from durableruns.limits import PARKED
 from durableruns.models import RunState, RunStatus
 from durableruns.registry import FirstSteps, generation, get_workflow, limits
 from durableruns.store import spread
-from durableruns.store.base import DATABASE, Claimed, Intent, Lease, decoded, fast
+from durableruns.store.base import DATABASE, TAKEOVER_COUNT, TAKEOVERS, Claimed, Intent, Lease, decoded, fast
 from durableruns.store.runs import reopen_runnable
 from durableruns.store.sql import Times, hot_path
 
@@ -69,9 +69,9 @@ _WOKEN_FIRST = ("coalesce(w.run_id IS NOT NULL AND (r.run_id IS NULL OR w.priori
 
 _TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s,
-         debounce_key = NULL"""
+         debounce_key = NULL, """ + TAKEOVERS
 _RETURNING = """RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
-            trace_context, key_run_id, deadline_at"""
+            trace_context, key_run_id, deadline_at, takeovers"""
 
 # Without concurrency limits in this deploy: take the chosen run.
 _CLAIMED = """
@@ -137,10 +137,12 @@ taken AS (
                         ELSE durableruns_held_until(v.limited_workflow, v.limited_key, v.run_id, %(shift)s) END,
          debounce_key = CASE WHEN v.admitted THEN NULL ELSE run_state.debounce_key END,
          reason = CASE WHEN v.admitted THEN run_state.reason ELSE '""" + PARKED + """' END,
-         updated_at = now() + %(shift)s
+         updated_at = now() + %(shift)s,
+         takeovers = CASE WHEN v.admitted THEN """ + TAKEOVER_COUNT + """ ELSE run_state.takeovers END,
+         takeover_cursor = CASE WHEN v.admitted THEN run_state.cursor ELSE run_state.takeover_cursor END
     FROM verdict v WHERE run_state.run_id = v.run_id
   RETURNING run_state.run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
-            trace_context, key_run_id, run_state.deadline_at, v.admitted),
+            trace_context, key_run_id, run_state.deadline_at, takeovers, v.admitted),
 claimed AS (SELECT * FROM taken WHERE admitted),
 parked AS (SELECT run_id FROM taken WHERE NOT admitted),"""
 
@@ -189,7 +191,9 @@ SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        -- the run parked by its concurrency limit instead (nothing claimed): the caller claims again
        (SELECT run_id FROM parked),
        -- whether its deadline has passed (durableruns.deadlines): the engine then ends it
-       coalesce(c.deadline_at <= now() + %(shift)s, false)
+       coalesce(c.deadline_at <= now() + %(shift)s, false),
+       -- the claims in a row that took it over from a dead worker (TAKEOVERS)
+       c.takeovers
   FROM (VALUES (1)) AS one LEFT JOIN claimed c ON true
 """
 _OTHER_READY = """(o.status = 'pending' OR o.lease_expires_at < now() + %(shift)s){other_queues}"""
@@ -223,7 +227,7 @@ LIMITED_CLAIMS = {key: _claim_text(in_queues=key[0], hints=key[1], skipping=key[
 CLAIM = CLAIMS[False, True, False]  # every queue, with hints: what a --loop worker sends
 
 
-Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any, "str | None", bool]
+Claim = tuple[str, int, str, str, Any, Any, "str | None", "str | None", str, Any, "str | None", bool, int]
 
 
 def _pg_claim(*, owner: str, times: Times, first_steps: str,
@@ -301,7 +305,7 @@ def _pg_claim(*, owner: str, times: Times, first_steps: str,
     if hints:
         setattr(db, _MORE_DUE_ATTRIBUTE, bool(row[10]))
     return (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8] or "", row[11], row[12],
-            bool(row[14]))
+            bool(row[14]), row[15] or 0)
 
 
 _NEXT_DUE_ATTRIBUTE = "durableruns_next_due"  # on Django's connection wrapper, which is per thread
@@ -465,13 +469,14 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         if taken is None:
             return None
         (taken_id, epoch, workflow, fingerprint, payload, attempts, first_step, first_key, ending, trace, keys,
-         overdue) = taken
+         overdue, takeovers) = taken
         first = None if first_step is None else Intent(step=first_step, attempt=1, effect_key=str(first_key),
                                                       cursor=0)
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint, input=decoded(payload) or {},
                        attempts=[_attempt(a) for a in decoded(attempts)], first_intent=first,
-                       ending=ending or "", trace_context=decoded(trace), key_run_id=keys, overdue=overdue)
+                       ending=ending or "", trace_context=decoded(trace), key_run_id=keys, overdue=overdue,
+                       takeovers=takeovers)
     with transaction.atomic(using=conf.database(), durable=True):
         # Concurrency limits here: the limited runs whose key has no slot free are left out. SQLite has one writer
         # at a time (its transactions begin IMMEDIATE, durableruns.sqlite), so the count and the take are not
@@ -487,7 +492,8 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                 candidates = candidates.within_limits(limits(), clock.expression())
             candidates = candidates.select_for_update(skip_locked=True)
         row = candidates.values("run_id", "epoch", "workflow", "plan_fingerprint", "input", "ending",
-                                "trace_context", "status", "concurrency_key", "key_run_id", "deadline_at").first()
+                                "trace_context", "status", "concurrency_key", "key_run_id", "deadline_at", "cursor",
+                                "takeovers", "takeover_cursor").first()
         if row is None:
             return None
         if run_id is not None and on_postgresql() and not _admitted(row, clock):
@@ -502,6 +508,8 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
             wake_at=None,
             updated_at=clock.expression(),
             debounce_key=None,  # begun: a debounced start with its key starts a new run from now on
+            takeovers=takeovers_after(row),
+            takeover_cursor=row["cursor"],
         )
         if not moved:
             return None
@@ -514,7 +522,15 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         trace_context=row["trace_context"],
         key_run_id=row["key_run_id"],
         overdue=row["deadline_at"] is not None and row["deadline_at"] <= clock.now(),
+        takeovers=takeovers_after(row),
     )
+
+
+def takeovers_after(row: dict[str, Any]) -> int:
+    """TAKEOVERS, for a claim that read the run's row (`status`, `cursor`, `takeovers`, `takeover_cursor`) first."""
+    if row["status"] != RunStatus.RUNNING:
+        return 0
+    return row["takeovers"] + 1 if row["takeover_cursor"] == row["cursor"] else 1
 
 
 def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps: FirstSteps, hints: bool,
@@ -549,7 +565,8 @@ def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps
     return Claimed(lease=Lease(run_id=taken.run_id, owner=owner, epoch=taken.epoch, seconds=lease_seconds),
                    workflow=taken.workflow, plan_fingerprint=taken.plan_fingerprint,
                    input=decoded(taken.input) or {}, attempts=attempts, first_intent=first, ending=taken.ending,
-                   trace_context=decoded(taken.trace_context), key_run_id=taken.key_run_id, overdue=taken.overdue)
+                   trace_context=decoded(taken.trace_context), key_run_id=taken.key_run_id, overdue=taken.overdue,
+                   takeovers=taken.takeovers)
 
 
 def _admitted(row: dict[str, Any], clock: Clock) -> bool:

@@ -41,6 +41,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from durableruns import conf
+from durableruns.store.base import TAKEOVERS
 
 # How many due runs one read names; taken in order until one is free.
 CANDIDATES = 8
@@ -81,9 +82,11 @@ _HOLDERS = """SELECT count(*) FROM (""" + _HOLDING + """) AS holding
  WHERE workflow = %(workflow)s AND concurrency_key = %(key)s AND run_id <> %(run)s"""
 
 _TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
-       lease_expires_at = %(now)s::timestamptz + %(lease)s, wake_at = NULL, updated_at = %(now)s, debounce_key = NULL
+       lease_expires_at = %(now)s::timestamptz + %(lease)s, wake_at = NULL, updated_at = %(now)s, debounce_key = NULL,
+       """ + TAKEOVERS + """
  WHERE run_id = %(run)s
- RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, key_run_id, trace_context, deadline_at"""
+ RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, key_run_id, trace_context, deadline_at,
+           takeovers"""
 
 _ATTEMPTS = """SELECT step, attempt, status, effect_key, started_at, finished_at, renewed_at, held_until, raised_at,
        loop_cursor, progress, result, error FROM run_step WHERE run_id = %(run)s"""
@@ -118,6 +121,7 @@ class Taken:
     trace_context: Any
     key_run_id: str | None
     overdue: bool
+    takeovers: int = 0  # the claims in a row that took it over from a dead worker (store.claims.TAKEOVERS)
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,7 @@ def _take(using: str, run_id: str, params: dict[str, Any], shift: timedelta, que
             return None  # its key's slots filled since the read: walked past, nothing written
         cursor.execute(_TAKE, params)
         (run, epoch, workflow, fingerprint, payload, cursor_at, ending, key_run_id, trace,
-         deadline_at) = cursor.fetchone()
+         deadline_at, takeovers) = cursor.fetchone()
         cursor.execute(_ATTEMPTS, params)
         names = [column.name for column in cursor.description]
         attempts = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
@@ -242,4 +246,4 @@ def _take(using: str, run_id: str, params: dict[str, Any], shift: timedelta, que
         return Taken(run_id=run, epoch=epoch, workflow=workflow, plan_fingerprint=fingerprint, input=payload,
                      attempts=attempts, first_step=step, first_key=key, ending=ending or "",
                      trace_context=trace, key_run_id=key_run_id,
-                     overdue=deadline_at is not None and deadline_at <= params["now"])
+                     overdue=deadline_at is not None and deadline_at <= params["now"], takeovers=takeovers)

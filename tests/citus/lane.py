@@ -55,6 +55,10 @@ DEFAULT = [
     "tests/integration/test_limits.py",  # concurrency limits: admitted across the shards, two worker processes
     "tests/integration/test_limits_cancel.py",
     "tests/faults/test_crash_matrix.py::test_a_worker_killed_at_any_point_loses_nothing_and_does_nothing_twice",
+    # The crash budget where nothing is recorded: the takeovers counted by the cluster's claim.
+    "tests/faults/test_crash_matrix.py::"
+    "test_a_chain_of_held_results_that_kills_its_worker_every_time_stops_for_staff_at_the_crash_budget",
+    "tests/integration/test_takeovers.py",
     # The fault tests that run against the site's database (those that start private PostgreSQL servers, a
     # PgBouncer, a standby or a network namespace test one node's infrastructure): workers SIGKILLed around child
     # starts, waits and maps, clocks skewed with libfaketime, deploys in flight, bad input, a naive resume.

@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db.models.functions import Now
 
 import durableruns
+from durableruns import services
 from durableruns.models import Escalation, Intervention, RunState, RunStatus, RunStep
 from project.purchasing.far import FarSystems
-from tests.conftest import Workers
+from tests.conftest import Workers, wait_until
 from tests.faults import families as family
 from tests.faults.conftest import Report
 from tests.faults.pgbouncer import PgBouncer
@@ -485,3 +487,43 @@ def test_a_worker_killed_inside_a_chain_of_held_results_redoes_the_chain_and_no_
         assert totals == [1, 3, 6], f"{run_id}: {totals}"
     fault_report("crash matrix inside a chain of held results",
                  {"kills": len(crashers), "runs": len(runs), "effects": len(booked)})
+
+
+def test_a_chain_of_held_results_that_kills_its_worker_every_time_stops_for_staff_at_the_crash_budget(
+    workers: Workers, tmp_path: Path, fault_report: Report
+) -> None:
+    """A step declared intent=False whose call kills its worker (an out-of-memory kill, a crash in native code)
+    leaves nothing recorded, so no attempt in doubt counts against the crash budget; the claims count the
+    takeovers instead. Each worker here is SIGKILLed after price_2 returns, its result and price_1's held: the run
+    is taken over again only until DURABLERUNS_MAX_CRASHES, then stopped for staff, the chain not run again and
+    no worker killed by it again; a staff retry gives it a fresh count and it completes."""
+    probe = Probe(tmp_path / "probe.log")
+    budget = 2
+    env = {**probe.env(), "DURABLERUNS_WORKFLOW_MODULES": "tests.workflows,tests.faults.probe",
+           "DURABLERUNS_HOLD_RESULTS_SECONDS": "30", "DURABLERUNS_MAX_CRASHES": str(budget)}
+    calls = tmp_path / "calls"
+    run_id = durableruns.start("pure_chain", {"calls": str(calls)}, run_id="poison-chain")
+    killed = 0
+    for _ in range(budget + 2):  # a worker a try, each armed to die where the last one did
+        wait_until(lambda: not RunState.objects.filter(pk=run_id, status=RunStatus.RUNNING,
+                                                       lease_expires_at__gt=Now()).exists(),
+                   timeout=30, every=0.1, what="the dead worker's lease to run out")
+        proc = workers.start("--once", "--lease", "1", DURABLERUNS_CRASH_AT="price_2@after_return", **env)
+        out, err = proc.communicate(timeout=60)
+        if proc.returncode != -9:
+            assert proc.returncode == 0, out + err
+            break
+        assert probe.last_point(proc.pid) == ("after_return", "price_2"), "died elsewhere"
+        killed += 1
+    run = RunState.objects.get(pk=run_id)
+    assert killed == budget, f"{killed} workers killed; the run is {run.status}: {run.reason}"
+    assert run.status == RunStatus.NEEDS_DECISION, run.reason
+    assert f"died {budget} times in a row at price_1" in run.reason, run.reason
+    names = [line.split()[0] for line in calls.read_text().splitlines()]
+    assert (names.count("price_1"), names.count("price_2"), names.count("price_3")) == (budget, budget, 0), names
+    assert not RunStep.objects.filter(run_id=run_id).exists()  # nothing of the chain was ever committed
+    services.retry_run(run_id, by="ops", note="the host had too little memory; it has more now")
+    settle(workers, [run_id], env, folder=tmp_path)
+    run = RunState.objects.get(pk=run_id)
+    assert run.status == RunStatus.COMPLETED, run.reason
+    fault_report("a chain of held results that kills its worker every time", {"kills": killed, "budget": budget})

@@ -18,6 +18,7 @@ from durableruns.policies import (
     after_lookup_error,
     cap_attempts,
     cap_crashes,
+    crash_looped,
     last_call_bound,
     lookup_errors,
     settle_in_doubt,
@@ -167,3 +168,10 @@ def test_a_lookup_that_keeps_raising_stops_for_staff_once_its_budget_is_spent_co
     assert lookup_errors(wait, attempt=StepAttempt(step="pay (card)", attempt=3, status="started")) == 0
     assert lookup_errors(wait, attempt=StepAttempt(step="card)", attempt=2, status="started")) == 0
     assert lookup_errors("pay (card) not found yet", attempt=pay) == 0
+
+
+def test_a_run_whose_worker_keeps_dying_with_nothing_recorded_stops_at_the_crash_budget():
+    assert crash_looped(takeovers=99, max_crashes=100, step="price_1") == ""
+    stopped = crash_looped(takeovers=100, max_crashes=100, step="price_1")
+    assert "died 100 times in a row at price_1" in stopped and "crash budget of 100" in stopped
+    assert "staff decide" in stopped
