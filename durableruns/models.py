@@ -110,12 +110,15 @@ class RunState(models.Model):
         help_text="What the run ends as once its deadline passes, recorded at start with it: cancel or fail.")
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    # Both nullable, with no default, so that adding them never rebuilds the table on SQLite (which would drop the
+    # triggers earlier migrations put on it).
     takeovers = models.PositiveIntegerField(
-        default=0, db_default=0,
+        null=True, blank=True,
         help_text="How many claims in a row took the run over from a worker whose lease ran out, with its cursor "
                   "where the first of them found it: a worker that dies at a step recording nothing (intent=False) "
                   "leaves no attempt to count against the crash budget, and this counts instead. 0 once a claim "
-                  "takes it otherwise (a worker handed it back, set it to wait, or staff retried it).")
+                  "takes it otherwise (a worker handed it back, set it to wait, or staff retried it); NULL until "
+                  "a claim first takes it.")
     takeover_cursor = models.PositiveIntegerField(
         null=True, blank=True,
         help_text="The cursor the run had when a claim last took it: a takeover at another cursor counts from 1.")

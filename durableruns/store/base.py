@@ -79,7 +79,8 @@ class Intent:
 # is recorded in doubt (passes.crash_loop): steps declared intent=False leave no attempt to count. SET clauses of
 # the claims' UPDATE of run_state (store.claims, store.spread; the ORM's claim: store.claims.takeovers_after).
 TAKEOVER_COUNT = """CASE WHEN run_state.status <> 'running' THEN 0
-                      WHEN run_state.takeover_cursor = run_state.cursor THEN run_state.takeovers + 1 ELSE 1 END"""
+                      WHEN run_state.takeover_cursor = run_state.cursor THEN coalesce(run_state.takeovers, 0) + 1
+                      ELSE 1 END"""
 TAKEOVERS = "takeovers = " + TAKEOVER_COUNT + ",\n         takeover_cursor = run_state.cursor"
 
 

@@ -530,7 +530,7 @@ def takeovers_after(row: dict[str, Any]) -> int:
     """TAKEOVERS, for a claim that read the run's row (`status`, `cursor`, `takeovers`, `takeover_cursor`) first."""
     if row["status"] != RunStatus.RUNNING:
         return 0
-    return row["takeovers"] + 1 if row["takeover_cursor"] == row["cursor"] else 1
+    return (row["takeovers"] or 0) + 1 if row["takeover_cursor"] == row["cursor"] else 1
 
 
 def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps: FirstSteps, hints: bool,

@@ -246,4 +246,4 @@ def _take(using: str, run_id: str, params: dict[str, Any], shift: timedelta, que
         return Taken(run_id=run, epoch=epoch, workflow=workflow, plan_fingerprint=fingerprint, input=payload,
                      attempts=attempts, first_step=step, first_key=key, ending=ending or "",
                      trace_context=trace, key_run_id=key_run_id,
-                     overdue=deadline_at is not None and deadline_at <= params["now"], takeovers=takeovers)
+                     overdue=deadline_at is not None and deadline_at <= params["now"], takeovers=takeovers or 0)
