@@ -597,9 +597,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"re-rendered {args.results.parent / 'results.md'} and the charts from {args.results}")
 
 
-if __name__ == "__main__":
-    main()
-
 
 def _io_spent(io: dict[str, Any]) -> list[str]:
     """Where the --loop rounds' time went (absent from results taken before it was measured)."""
@@ -623,3 +620,7 @@ def _empty_claims(io: dict[str, Any]) -> str:
         return ""
     return (f" Claims that found nothing: {empty['median']:.2f} per run (from the workers' summaries, over every "
             "batch; with two processes, each notification wakes a thread in each, and one of them gets the run).")
+
+
+if __name__ == "__main__":
+    main()

@@ -159,3 +159,15 @@ def test_markdown_and_charts_exist(results):
         path = out / f"{chart}.png"
         assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"({chart}.png)" in text
+
+
+def test_python_m_bench_report_renders_the_results_again(results):
+    """`python -m bench.report results.json` re-renders results.md and the charts (every helper it needs is
+    defined before it runs as a script)."""
+    _, out = results
+    (out / "results.md").unlink()
+    proc = subprocess.run([sys.executable, "-m", "bench.report", str(out / "results.json")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    text = (out / "results.md").read_text()
+    assert "Claims that found nothing" in text and "where the --loop time went" in text
