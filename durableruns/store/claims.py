@@ -498,6 +498,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
             return None
         if run_id is not None and on_postgresql() and not _admitted(row, clock):
             return None
+        takeovers = takeovers_after(row)
         # Conditional on the epoch read: on a database without row locks (SQLite) this is what keeps two
         # workers from both taking the run.
         moved = RunState.objects.filter(pk=row["run_id"], epoch=row["epoch"]).update(
@@ -508,7 +509,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
             wake_at=None,
             updated_at=clock.expression(),
             debounce_key=None,  # begun: a debounced start with its key starts a new run from now on
-            takeovers=takeovers_after(row),
+            takeovers=takeovers,
             takeover_cursor=row["cursor"],
         )
         if not moved:
@@ -522,7 +523,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         trace_context=row["trace_context"],
         key_run_id=row["key_run_id"],
         overdue=row["deadline_at"] is not None and row["deadline_at"] <= clock.now(),
-        takeovers=takeovers_after(row),
+        takeovers=takeovers,
     )
 
 
