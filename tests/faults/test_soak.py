@@ -94,6 +94,19 @@ def abandon_waiting() -> set[str]:
     return abandoned
 
 
+def record_of(keys: set[str]) -> str:
+    """What the record holds of each `run_id:step` in `keys`: its run's state and that step's attempts (who wrote
+    them, how each ended, with what result), so that a soak that fails says how the step came to be completed."""
+    lines = []
+    for key in sorted(keys)[:5]:
+        run_id, step = key.rsplit(":", 1)
+        run = RunState.objects.filter(pk=run_id).values("status", "epoch", "owner", "reason").first()
+        attempts = list(RunStep.objects.filter(run_id=run_id, step=step).order_by("attempt").values(
+            "attempt", "status", "resolution", "owner", "epoch", "started_at", "finished_at", "result", "error"))
+        lines.append(f"\n{key}: run {run}; attempts {attempts}")
+    return "".join(lines)
+
+
 def cancel_some(run_ids: list[str]) -> set[str]:
     """Staff cancel one run in ten wherever it stands (a completed one cannot be: it is left alone)."""
     cancelled = set()
@@ -229,7 +242,8 @@ def soak(runs: int, killing_for: float, *, concurrency: int, far: FarSystems, wo
         by_key = {k: n for k, n in getattr(far, system).counts_by_key().items()
                   if not k.endswith(":release") and k.rsplit(":", 1)[0] not in kin_runs}  # (family.check's)
         assert set(by_key.values()) <= {1}, f"{system}: {by_key}"
-        assert {f"{run_id}:{step}" for run_id in finished} <= set(by_key), f"{system}: {len(by_key)} keys"
+        missing = {f"{run_id}:{step}" for run_id in finished} - set(by_key)
+        assert not missing, f"{system}: {len(by_key)} keys; no effect for {sorted(missing)}: " + record_of(missing)
         assert set(by_key) <= {f"{run_id}:{step}" for run_id in run_ids}, f"{system}: keys of no run"
 
     # What was held is given back: no run that ended unfinished still holds a reservation; each reservation
