@@ -10,6 +10,13 @@ row, so no client waits on another's row lock), at the same number of clients N 
 round runs every worker count and every pgbench client count, in an order rotated round by round, so both sides
 of each ratio see the same machine.
 
+The record's floor (with the steps declared with intents, the default): the same pgbench, at the same clients and
+in the same rounds, runs the very statement durableruns sends for a step in the middle of a run (store.attempts:
+complete the started attempt, move the cursor, record the next intent), on the real tables with all their
+indexes and triggers, each client chaining the attempts of a run of its own (floor_script). floor / pgbench says
+how far the record itself stands from the bar; durableruns / floor, how much of the record's own rate the worker
+keeps (its Python, its round trips, and what a run adds around its steps: the claim, the start, the end).
+
 Figures per level (medians over rounds, p10-p90):
 - steps/s over the working span on the database's clock (first step started to last step finished; process
   start-up is outside it, as pgbench's connection time is outside its tps), and over the processes' wall time;
@@ -288,17 +295,20 @@ def prepare_pgbench(dbname: str, clients: int) -> None:
                      "ON CONFLICT (id) DO NOTHING", (clients,))
 
 
-def pgbench_round(dbname: str, *, clients: int, seconds: int) -> dict[str, Any]:
-    """One pgbench run of `seconds` at `clients` clients: its tps (without the initial connection time), and
-    its backends' CPU per transaction, read as the workers' are."""
-    with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
-        script.write(PGBENCH_SCRIPT)
-        script.flush()
-        env = dict(os.environ, PGAPPNAME=PGBENCH_APP)
+def pgbench_round(dbname: str, *, clients: int, seconds: int, script: str = PGBENCH_SCRIPT,
+                  defines: dict[str, str] | None = None, application: str = PGBENCH_APP) -> dict[str, Any]:
+    """One pgbench run of `seconds` at `clients` clients of `script` (with `defines` as its -D variables): its tps
+    (without the initial connection time), and its backends' CPU per transaction, read as the workers' are."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as file:
+        file.write(script)
+        file.flush()
+        env = dict(os.environ, PGAPPNAME=application)
         command = [pgbench_path(), "-n", "-M", "prepared", "-c", str(clients), "-j", "2", "-T", str(seconds),
-                   "-f", script.name, "-h", HOST, "-p", str(PORT), "-U", USER, dbname]
+                   "-f", file.name, "-h", HOST, "-p", str(PORT), "-U", USER, dbname]
+        for name, value in (defines or {}).items():
+            command[1:1] = ["-D", f"{name}={value}"]
         before = server_counters(dbname)
-        with sampling(dbname, PGBENCH_APP) as seen:
+        with sampling(dbname, application) as seen:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=seconds + 120)
         after = server_counters(dbname)
     if done.returncode != 0:
@@ -311,8 +321,76 @@ def pgbench_round(dbname: str, *, clients: int, seconds: int) -> dict[str, Any]:
     counters = delta(after, before)
     return {"tps": float(tps.group(1)), "transactions": transactions,
             "pg_cpu_ms_per_tx": 1e3 * seen.cpu_s() / max(1, transactions),
+            "wal_records_per_tx": counters["wal_records"] / max(1, transactions),
             "wal_syncs_per_tx": counters["wal_syncs"] / max(1, transactions),
             "waits": dict(seen.waits), "active_samples": seen.active}
+
+
+# -- the record's floor: a step's own statement, driven by pgbench -----------------------------------------------
+
+FLOOR_APP = "bench-commit-floor"
+FLOOR_PREFIX = "bench-floor-"
+# The values of the statement's parameters: one no-op step of a running run, completed with its result, and the
+# next attempt's intent. `attempt` counts up per client (each pgbench client keeps its variables from one
+# transaction to the next), so each transaction completes the attempt the one before it started.
+FLOOR_DEFINES = {"attempt": "0", "run_prefix": FLOOR_PREFIX, "epoch": "1", "owner": "bench-floor", "cursor": "1",
+                 "step": "noop", "i_step": "noop", "result": "null", "resolution": "returned", "i_key": "bench-floor",
+                 "i_loop": "0", "i_progress": "{}", "shift": "0 seconds", "lease": "30 seconds"}
+
+
+def floor_script() -> str:
+    """pgbench's script for the record's floor: the very statement durableruns sends for a step in the middle of
+    a run (store.attempts: complete the started attempt, move the cursor, record the next intent; fenced on the
+    epoch), its %(name)s parameters made pgbench variables, each client on a run of its own."""
+    from durableruns.store.attempts import _RECORD_RESULT
+    from durableruns.store.sql import compact
+
+    statement = compact(_RECORD_RESULT[(True, False)])
+    special = {"run": "(:run_prefix || :client_id)", "i_attempt": ":next"}
+    body = re.sub(r"%\((\w+)\)s", lambda m: special.get(m.group(1), ":" + m.group(1)), statement)
+    return "\\set attempt :attempt + 1\n\\set next :attempt + 1\n" + body + ";\n"
+
+
+def prepare_floor(dbname: str, clients: int) -> None:
+    """One running run per pgbench client (run ids FLOOR_PREFIX + client id), each with attempt 1 of its step
+    started; what earlier floor rounds wrote is removed first."""
+    d = FLOOR_DEFINES
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+        conn.execute("DELETE FROM run_step WHERE run_id LIKE %s", (FLOOR_PREFIX + "%",))
+        conn.execute("DELETE FROM run_state WHERE run_id LIKE %s", (FLOOR_PREFIX + "%",))
+        conn.execute(
+            "INSERT INTO run_state (run_id, workflow, plan_fingerprint, status, cursor, owner, epoch, reason, input, "
+            "created_at, updated_at, lease_expires_at) SELECT %(prefix)s || g, %(workflow)s, '', 'running', "
+            "%(cursor)s, %(owner)s, %(epoch)s, '', '{}'::jsonb, now(), now(), now() + interval '1 hour' "
+            "FROM generate_series(0, %(last)s) AS g",
+            {"prefix": FLOOR_PREFIX, "workflow": DECLARED["intent"], "cursor": int(d["cursor"]), "owner": d["owner"],
+             "epoch": int(d["epoch"]), "last": clients - 1})
+        conn.execute(
+            "INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, error, "
+            "resolution, owner, epoch, loop_cursor, progress) SELECT %(prefix)s || g, %(step)s, 1, 'started', "
+            "%(key)s, now(), now() + interval '1 hour', '', '', %(owner)s, %(epoch)s, 0, '{}'::jsonb "
+            "FROM generate_series(0, %(last)s) AS g",
+            {"prefix": FLOOR_PREFIX, "step": d["step"], "key": d["i_key"], "owner": d["owner"],
+             "epoch": int(d["epoch"]), "last": clients - 1})
+
+
+def floor_round(dbname: str, *, clients: int, seconds: int) -> dict[str, Any]:
+    """The record's floor at `clients` clients: how many of a step's own statement PostgreSQL commits per second
+    with nothing around it (no Python, no claim, no run's start or end). Checked: every transaction moved one
+    attempt from started to completed."""
+    prepare_floor(dbname, clients)
+    figures = pgbench_round(dbname, clients=clients, seconds=seconds, script=floor_script(),
+                            defines=FLOOR_DEFINES, application=FLOOR_APP)
+    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+        [(completed, started)] = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'started') "
+            "FROM run_step WHERE run_id LIKE %s", (FLOOR_PREFIX + "%",)).fetchall()
+        conn.execute("DELETE FROM run_step WHERE run_id LIKE %s", (FLOOR_PREFIX + "%",))
+        conn.execute("DELETE FROM run_state WHERE run_id LIKE %s", (FLOOR_PREFIX + "%",))
+    if completed != figures["transactions"] or started != clients:
+        raise RuntimeError(f"the floor's statement did not chain: {completed} attempts completed for "
+                           f"{figures['transactions']} transactions, {started} started for {clients} clients")
+    return figures
 
 
 # -- memory ----------------------------------------------------------------------------------------------------
@@ -393,11 +471,16 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
     clients = sorted({w * concurrency for w in worker_counts})
     prepare_pgbench(dbname, max(clients))
     jobs: list[tuple[str, int]] = [("durableruns", w) for w in worker_counts] + [("pgbench", c) for c in clients]
+    with_floor = workflow == DECLARED["intent"]  # the floor is the intent-declared step's statement
+    if with_floor:
+        jobs += [("floor", c) for c in clients]
     if baseline is not None:
         jobs += [("baseline", w) for w in worker_counts]
     ours: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
     base: dict[int, list[dict[str, Any]]] = {w: [] for w in worker_counts}
     theirs: dict[int, list[dict[str, Any]]] = {c: [] for c in clients}
+    floors: dict[int, list[dict[str, Any]]] = {c: [] for c in clients}
+    floor_ratios: dict[int, list[tuple[float, float]]] = {w: [] for w in worker_counts}
     ratios: dict[int, list[float]] = {w: [] for w in worker_counts}
     base_ratios: dict[int, list[float]] = {w: [] for w in worker_counts}
     for round_no in range(rounds):
@@ -412,6 +495,9 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
                 this_round[kind, n] = durableruns_round(baseline_db(dbname), runs=runs, workers=n,
                                                         concurrency=concurrency, workflow=workflow, root=baseline)
                 base[n].append(this_round[kind, n])
+            elif kind == "floor":
+                this_round[kind, n] = floor_round(dbname, clients=n, seconds=pgbench_seconds)
+                floors[n].append(this_round[kind, n])
             else:
                 this_round[kind, n] = pgbench_round(dbname, clients=n, seconds=pgbench_seconds)
                 theirs[n].append(this_round[kind, n])
@@ -421,6 +507,10 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
         for w in worker_counts:
             ratios[w].append(this_round["durableruns", w]["steps_per_s"]
                              / this_round["pgbench", w * concurrency]["tps"])
+            if with_floor:
+                floor_tps = this_round["floor", w * concurrency]["tps"]
+                floor_ratios[w].append((this_round["durableruns", w]["steps_per_s"] / floor_tps,
+                                        floor_tps / this_round["pgbench", w * concurrency]["tps"]))
             if baseline is not None:
                 base_ratios[w].append(this_round["durableruns", w]["steps_per_s"]
                                       / this_round["baseline", w]["steps_per_s"])
@@ -445,6 +535,16 @@ def measure(*, dbname: str, runs: int, worker_counts: tuple[int, ...], concurren
             level["baseline"]["waits_share"] = _shares(base[w])
             level["over_baseline"] = summarize(base_ratios[w])
         level["pgbench_waits_share"] = _shares(bench_rows)
+        if with_floor:
+            floor_rows = floors[w * concurrency]
+            level["floor"] = {
+                "tps": summarize([row["tps"] for row in floor_rows]),
+                "pg_cpu_ms_per_tx": summarize([row["pg_cpu_ms_per_tx"] for row in floor_rows]),
+                "wal_records_per_tx": summarize([row["wal_records_per_tx"] for row in floor_rows]),
+                "durableruns_over_floor": summarize([ours_ for ours_, _ in floor_ratios[w]]),
+                "floor_over_pgbench": summarize([floor for _, floor in floor_ratios[w]]),
+                "waits_share": _shares(floor_rows),
+            }
         levels[str(w)] = level
     figures: dict[str, Any] = {"levels": levels}
     if memory_runs:
@@ -507,6 +607,22 @@ def markdown(data: dict[str, Any]) -> str:
                          f"({b['pg_cpu_ms_per_step']['median']:.3f}) | {level['worker_cpu_ms_per_step']['median']:.3f} "
                          f"({b['worker_cpu_ms_per_step']['median']:.3f}) | {level['wal_records_per_step']['median']:.2f} "
                          f"({b['wal_records_per_step']['median']:.2f}) |")
+    if any("floor" in level for level in figures["levels"].values()):
+        lines += ["", "The record's floor, side by side in the same rounds: the statement durableruns sends for a step "
+                      "in the middle of a run (complete the started attempt, move the cursor, record the next intent, "
+                      "fenced on the epoch; `bench.commit_limit.floor_script`), driven by the same pgbench at the same "
+                      "clients, each client on a run of its own: what PostgreSQL commits of it per second with nothing "
+                      "around it (no Python, no claim, no run's start or end). floor / pgbench is the most the record "
+                      "itself allows against the bar; durableruns / floor is what the worker, the claims and the runs' "
+                      "starts and ends keep of that.", "",
+                  "| workers | clients | floor tps | floor / pgbench | durableruns / floor | floor: PostgreSQL CPU ms/tx "
+                  "| floor: WAL records/tx |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for w, level in figures["levels"].items():
+            f = level["floor"]
+            lines.append(f"| {w} | {level['clients']} | {_m(f['tps'], 0)} | {_m(f['floor_over_pgbench'], 3)} "
+                         f"| {_m(f['durableruns_over_floor'], 3)} | {_m(f['pg_cpu_ms_per_tx'], 3)} "
+                         f"| {f['wal_records_per_tx']['median']:.2f} |")
     lines += ["", "Breakdown per step (durableruns) and per transaction (pgbench):", "",
               "| workers | commits | statements | round trips | worker CPU ms | PostgreSQL backends' CPU ms "
               "| pgbench backends' CPU ms/tx | WAL records | WAL bytes | WAL syncs (pgbench /tx) |",

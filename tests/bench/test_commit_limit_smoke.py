@@ -37,11 +37,20 @@ def test_the_commit_limit_bench_measures_each_level_against_pgbench(tmp_path):
         assert counted["statements_per_step"] >= counted["round_trips_per_step"] > 0
         assert level["worker_cpu_ms_per_step"]["median"] > 0 and level["pg_cpu_ms_per_step"]["median"] > 0
         assert level["wal_records_per_step"]["median"] > 0
+        # The record's floor: pgbench chained the step's own statement (floor_round checks every transaction
+        # completed the attempt the one before it started), beside the same rounds' durableruns and UPDATEs.
+        floor = level["floor"]
+        assert floor["tps"]["median"] > 0 and floor["pg_cpu_ms_per_tx"]["median"] > 0
+        assert floor["durableruns_over_floor"]["median"] == pytest.approx(
+            level["steps_per_s"]["median"] / floor["tps"]["median"])
+        assert floor["floor_over_pgbench"]["median"] == pytest.approx(
+            floor["tps"]["median"] / level["pgbench_tps"]["median"])
     memory = data["figures"]["memory"]
     assert len(memory["rss_mb_after_batch"]) == memory["batches"] == 10
     assert all(mb > 0 for mb in memory["rss_mb_after_batch"])
     text = (tmp_path / "commit_limit.md").read_text()
     assert "python -m bench.commit_limit" in text and "| 1 | 2 |" in text
+    assert "The record's floor" in text
 
 
 def test_declared_without_intents_a_run_is_its_claim_and_one_commit(tmp_path):
@@ -57,5 +66,6 @@ def test_declared_without_intents_a_run_is_its_claim_and_one_commit(tmp_path):
     assert data["meta"]["params"]["declared"] == "none"
     level = data["figures"]["levels"]["1"]
     assert 0.4 <= level["commits_per_step"]["median"] < 0.6  # with intents: about 1.2
+    assert "floor" not in level  # the floor is the statement of a step declared with an intent
     assert level["counted"]["round_trips_per_step"] < 0.6
     assert "declared intent=False" in (tmp_path / "commit_limit.md").read_text()
