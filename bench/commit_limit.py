@@ -61,7 +61,7 @@ from typing import Any
 import psycopg
 
 from bench import app
-from bench.pg import HOST, PORT, USER, conninfo, recreate_database, server_settings
+from bench.pg import HOST, PORT, USER, conninfo, database_url, recreate_database, server_settings
 from bench.report import git_described, reproducing_command
 from bench.stats import summarize
 
@@ -105,14 +105,15 @@ class Sampled:
 
 
 @contextmanager
-def sampling(dbname: str, application: str) -> Iterator[Sampled]:
+def sampling(dbname: str, application: str, port: int = PORT) -> Iterator[Sampled]:
     """Sample the backends of `application` on `dbname` until the block ends: their wait events (every 20 ms)
-    and their CPU (every 50 ms). The sampler's own connection is to the `postgres` database."""
+    and their CPU (every 50 ms). The sampler's own connection is to the `postgres` database (of the server on
+    `port`)."""
     seen = Sampled()
     done = threading.Event()
 
     def run() -> None:
-        with psycopg.connect(conninfo("postgres"), autocommit=True) as conn:
+        with psycopg.connect(conninfo("postgres", port), autocommit=True) as conn:
             last_cpu = 0.0
             while not done.is_set():
                 rows = conn.execute(
@@ -179,14 +180,14 @@ HISTORY_PER_RUN = 5
 HISTORY_LEAST = 200
 
 
-def create_pending(dbname: str, runs: int, workflow: str = DECLARED["intent"]) -> None:
+def create_pending(dbname: str, runs: int, workflow: str = DECLARED["intent"], port: int = PORT) -> None:
     """Remove every run but the history's, complete the history if it is short, and record `runs` pending noop5
     runs in one statement (the rows start_run writes); then VACUUM ANALYZE, as a site's autovacuum would."""
     import bench.workflows  # noqa: F401  registers the loads
     from durableruns.registry import get_workflow
 
     declared = get_workflow(workflow)
-    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+    with psycopg.connect(conninfo(dbname, port), autocommit=True) as conn:
         conn.execute("DELETE FROM run_step WHERE run_id NOT LIKE %s", (HISTORY_PREFIX + "%",))
         conn.execute("DELETE FROM run_state WHERE run_id NOT LIKE %s", (HISTORY_PREFIX + "%",))
         [(held,)] = conn.execute("SELECT count(*) FROM run_state WHERE run_id LIKE %s",
@@ -218,12 +219,12 @@ def create_pending(dbname: str, runs: int, workflow: str = DECLARED["intent"]) -
         conn.execute("VACUUM ANALYZE run_step")
 
 
-def checked_span(dbname: str, runs: int) -> float:
+def checked_span(dbname: str, runs: int, port: int = PORT) -> float:
     """Raise unless every run of the load completed with each step run once; the working span on the database's
     clock."""
     from bench.workflows import NOOP5_STEPS
 
-    with psycopg.connect(conninfo(dbname), autocommit=True) as conn:
+    with psycopg.connect(conninfo(dbname, port), autocommit=True) as conn:
         [(span, attempts, completed, done)] = conn.execute(
             "SELECT extract(epoch FROM max(finished_at) - min(started_at)), count(*), "
             "count(*) FILTER (WHERE status = 'completed'), "
@@ -237,10 +238,12 @@ def checked_span(dbname: str, runs: int) -> float:
 
 
 def run_workers(dbname: str, workers: int, concurrency: int, *, counted: Path | None = None,
-                root: Path = app.ROOT, timeout: float = 900.0) -> dict[str, float]:
-    """Start `workers` resume_runs --once processes at once; wall seconds until the last exited and their summed
-    CPU (os.wait4). With `counted`, each runs under bench.counted_worker and writes its counts there."""
+                root: Path = app.ROOT, timeout: float = 900.0, port: int = PORT) -> dict[str, float]:
+    """Start `workers` resume_runs --once processes at once, on the server on `port`; wall seconds until the last
+    exited and their summed CPU (os.wait4). With `counted`, each runs under bench.counted_worker and writes its
+    counts there."""
     env = dict(os.environ, **app.site_env(dbname), PYTHONUNBUFFERED="1", PGAPPNAME=APP_NAME)
+    env["DATABASE_URL"] = database_url(dbname, port)
     args = ("--once", "--concurrency", str(concurrency), "--lease", "30")
     procs = []
     with tempfile.TemporaryDirectory(prefix="bench-commit-") as tmp:

@@ -57,8 +57,9 @@ def _setting(name: str, value: str) -> str:
 
 
 @contextmanager
-def private_server(*, max_connections: int) -> Iterator[PrivateServer]:
-    """Start a private PostgreSQL with the shared server's durability settings and ``max_connections``."""
+def private_server(*, max_connections: int, preload: tuple[str, ...] = ()) -> Iterator[PrivateServer]:
+    """Start a private PostgreSQL with the shared server's durability settings and ``max_connections``, with the
+    libraries in ``preload`` (shared_preload_libraries: pg_stat_statements for bench.statements)."""
     shared = server_settings()
     binaries = _bin(shared["server_version"])
     folder = Path(tempfile.mkdtemp(prefix="durableruns-bench-pg-"))
@@ -70,6 +71,7 @@ def private_server(*, max_connections: int) -> Iterator[PrivateServer]:
         _as_postgres(str(binaries / "initdb"), "-D", str(data), "-U", USER, "-A", "trust", "-E", "UTF8", "--no-sync")
         options = " ".join([f"-p {port}", f"-k {folder}", f"-c listen_addresses={HOST}",
                             _setting("max_connections", str(max_connections)),
+                            *([_setting("shared_preload_libraries", ",".join(preload))] if preload else []),
                             *(_setting(name, str(shared[name])) for name in COPIED)])
         _as_postgres(str(binaries / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-o", options,
                      "-w", "-t", "120", "start")
