@@ -14,8 +14,9 @@ insert) apart, as their time is already in their caller's. Beside it, the backen
 bench.commit_limit samples it: what the executor does not account for is the rest of a backend's work per
 statement (reading and answering the protocol's messages, starting and committing each transaction, waking up).
 
-Executor times are wall times inside the server (pg_stat_statements' total_exec_time), taken with the workers
-on the same 2 cores: read them as shares, and against the backends' CPU.
+Executor times are wall times inside the server (pg_stat_statements' total_exec_time). With more busy backends
+than cores (8 threads on 2 cores, beside the worker) they include the backends' waits for a core: compare the
+statements with each other there, and the executor with the backends' CPU at --concurrency 1.
 """
 
 from __future__ import annotations
@@ -150,10 +151,11 @@ def markdown(data: dict[str, Any]) -> str:
         "shared server's durability settings.",
         "",
         f"- steps/s: {f['steps_per_s']:.0f}; CPU per step: the workers {f['worker_cpu_ms_per_step']:.3f} ms, "
-        f"PostgreSQL's backends {f['backend_cpu_ms_per_step']:.3f} ms, of which the executor (pg_stat_statements' "
-        f"execution and planning time of the statements the workers sent) {f['executor_ms_per_step']:.3f} ms "
-        f"({f['executor_ms_per_step'] / f['backend_cpu_ms_per_step']:.0%} of it)" if f["backend_cpu_ms_per_step"]
-        else f"- steps/s: {f['steps_per_s']:.0f}",
+        f"PostgreSQL's backends {f['backend_cpu_ms_per_step']:.3f} ms; the executor (pg_stat_statements' "
+        f"execution and planning time of the statements the workers sent, a wall time: with more busy backends "
+        f"than cores it counts their waits for one too) {f['executor_ms_per_step']:.3f} ms per step, "
+        f"{f['executor_ms_per_step'] / f['backend_cpu_ms_per_step']:.2f} x the backends' CPU"
+        if f["backend_cpu_ms_per_step"] else f"- steps/s: {f['steps_per_s']:.0f}",
         "",
         "| statement | calls per run | executor us per call | us per step | share of the executor's time | WAL "
         "records per call |",
