@@ -25,28 +25,30 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, transaction
 
-from bench.pg import database_url, ensure_database
+from bench.pg import PORT, database_url, ensure_database
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW_MODULES = "bench.workflows"
 BIG_LIMIT = 10_000_000  # --limit for workers that should take every due run
 
 
-def site_env(dbname: str) -> dict[str, str]:
-    """The environment of a process of the site on the bench database, with the bench workflows."""
-    return {"DATABASE_URL": database_url(dbname), "DJANGO_SETTINGS_MODULE": "project.settings",
+def site_env(dbname: str, port: int = PORT) -> dict[str, str]:
+    """The environment of a process of the site on the bench database (of the server on ``port``), with the bench
+    workflows."""
+    return {"DATABASE_URL": database_url(dbname, port), "DJANGO_SETTINGS_MODULE": "project.settings",
             "DURABLERUNS_WORKFLOW_MODULES": WORKFLOW_MODULES,
             "PURCHASING_RECONCILIATION_CRON": ""}  # the demo's nightly schedule is not what is measured
 
 
-def configure(dbname: str) -> None:
-    """Point this process's Django at ``dbname`` (created if missing) and bring its schema up to date."""
-    ensure_database(dbname)
+def configure(dbname: str, port: int = PORT) -> None:
+    """Point this process's Django at ``dbname`` (created if missing, on the server on ``port``) and bring its
+    schema up to date."""
+    ensure_database(dbname, port)
     if settings.configured:
         current = settings.DATABASES["default"]["NAME"]
         if current != dbname:
             raise RuntimeError(f"Django is already configured on {current!r}, not the bench database {dbname!r}")
-    os.environ.update(site_env(dbname))
+    os.environ.update(site_env(dbname, port))
     django.setup()
     call_command("migrate", verbosity=0, interactive=False)
 

@@ -61,7 +61,7 @@ from typing import Any
 import psycopg
 
 from bench import app
-from bench.pg import HOST, PORT, USER, conninfo, database_url, recreate_database, server_settings
+from bench.pg import HOST, PORT, USER, conninfo, recreate_database, server_settings
 from bench.report import git_described, reproducing_command
 from bench.stats import summarize
 
@@ -242,8 +242,7 @@ def run_workers(dbname: str, workers: int, concurrency: int, *, counted: Path | 
     """Start `workers` resume_runs --once processes at once, on the server on `port`; wall seconds until the last
     exited and their summed CPU (os.wait4). With `counted`, each runs under bench.counted_worker and writes its
     counts there."""
-    env = dict(os.environ, **app.site_env(dbname), PYTHONUNBUFFERED="1", PGAPPNAME=APP_NAME)
-    env["DATABASE_URL"] = database_url(dbname, port)
+    env = dict(os.environ, **app.site_env(dbname, port), PYTHONUNBUFFERED="1", PGAPPNAME=APP_NAME)
     args = ("--once", "--concurrency", str(concurrency), "--lease", "30")
     procs = []
     with tempfile.TemporaryDirectory(prefix="bench-commit-") as tmp:

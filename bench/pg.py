@@ -44,9 +44,9 @@ def database_url(dbname: str, port: int = PORT) -> str:
     return f"postgresql://{USER}@{HOST}:{port}/{dbname}"
 
 
-def ensure_database(dbname: str) -> None:
-    """Create ``dbname`` on the local server if it does not exist."""
-    with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
+def ensure_database(dbname: str, port: int = PORT) -> None:
+    """Create ``dbname`` on the local server (on ``port``) if it does not exist."""
+    with psycopg.connect(conninfo("postgres", port), autocommit=True) as admin:
         exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
         if exists is None:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))

@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from bench import app, commit_limit, private_pg
-from bench.pg import conninfo, database_url
+from bench.pg import conninfo
 from bench.report import git_described, reproducing_command
 
 DB = "dr_bench_statements"
@@ -76,20 +75,12 @@ def kind_of(query: str) -> str | None:
 
 
 def _configure(port: int) -> None:
-    """Point this process's Django at the private server's bench database (created here) and migrate it."""
-    import django
-    from django.core.management import call_command
-
-    with psycopg.connect(conninfo("postgres", port), autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
+    """Point this process's Django at the private server's bench database, migrated, with pg_stat_statements."""
+    app.configure(DB, port)
     with psycopg.connect(conninfo(DB, port), autocommit=True) as conn:
         conn.execute("CREATE EXTENSION pg_stat_statements")
         conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")  # the statements inside others too
         conn.execute("SELECT pg_reload_conf()")
-    os.environ.update(app.site_env(DB))
-    os.environ["DATABASE_URL"] = database_url(DB, port)
-    django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
 
 
 def one_load(port: int, *, runs: int, workers: int, concurrency: int, workflow: str) -> dict[str, Any]:
