@@ -64,6 +64,7 @@ from bench import app
 from bench.pg import HOST, PORT, USER, conninfo, recreate_database, server_settings
 from bench.report import git_described, reproducing_command
 from bench.stats import summarize
+from durableruns import conf
 
 APP_NAME = "bench-commit-worker"
 PGBENCH_APP = "bench-commit-pgbench"
@@ -619,6 +620,12 @@ DECLARED_TEXT = {
 }
 
 
+def prefetch_text(prefetch: int | None) -> str:
+    if prefetch is None:  # results measured before the setting
+        return "one run a claim"
+    return f"DURABLERUNS_PREFETCH={prefetch}: up to {prefetch} runs a claim" if prefetch > 1 else "one run a claim"
+
+
 def markdown(data: dict[str, Any]) -> str:
     meta, figures = data["meta"], data["figures"]
     p = meta["params"]
@@ -630,7 +637,7 @@ def markdown(data: dict[str, Any]) -> str:
              f"Reproduce: `{meta['command']}`", "",
              f"Load: {p['runs']:,} pending runs x 5 no-op re_executable steps "
              f"({DECLARED_TEXT[p.get('declared', 'intent')]}), W `resume_runs --once --concurrency "
-             f"{p['concurrency']} --lease 30` processes; bar: `pgbench -n -M prepared -c N -j 2 -T "
+             f"{p['concurrency']} --lease 30` processes ({prefetch_text(p.get('prefetch'))}); bar: `pgbench -n -M prepared -c N -j 2 -T "
              f"{p['pgbench_seconds']}` of one single-row UPDATE (each client its own row) at N = W x "
              f"{p['concurrency']} clients; {p['rounds']} rounds, the order rotated round by round. Medians (p10-p90).",
              "",
@@ -728,6 +735,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout (e.g. a git worktree of the code before a change) whose workers run "
                              "the same load on a database of its own in the same rounds: steps/s over the baseline's")
+    parser.add_argument("--prefetch", type=int, default=None,
+                        help="DURABLERUNS_PREFETCH for the workers: runs a claim of their passes may take (default: "
+                             "the setting's default)")
     parser.add_argument("--declared", choices=sorted(DECLARED), default="intent",
                         help="how the load's steps are declared: each records its intent (default), or none does "
                              "(intent=False: their results share one commit)")
@@ -743,6 +753,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     worker_counts = tuple(int(w) for w in args.workers.split(",") if w)
     began = time.perf_counter()
+    if args.prefetch is not None:  # the workers inherit this process's environment (run_workers)
+        os.environ["DURABLERUNS_PREFETCH"] = str(args.prefetch)
     recreate_database(args.db)
     app.configure(args.db)
     if args.baseline is not None:
@@ -752,7 +764,8 @@ def main(argv: list[str] | None = None) -> None:
         "command": reproducing_command("bench.commit_limit", argv), "nproc": os.cpu_count(),
         "loadavg_start": os.getloadavg(), "python": platform.python_version(), "postgresql": server_settings(),
         "git": git_described(), "note": args.note,
-        "params": {"runs": args.runs, "declared": args.declared, "workers": list(worker_counts), "concurrency": args.concurrency,
+        "params": {"runs": args.runs, "declared": args.declared, "prefetch": conf.prefetch(),
+                   "workers": list(worker_counts), "concurrency": args.concurrency,
                    "rounds": args.rounds, "pgbench_seconds": args.pgbench_seconds, "memory_runs": args.memory_runs,
                    "baseline": str(args.baseline) if args.baseline else None,
                    "baseline_git": _git_at(args.baseline) if args.baseline else None},

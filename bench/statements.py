@@ -37,6 +37,7 @@ import psycopg
 from bench import app, commit_limit, private_pg
 from bench.pg import conninfo
 from bench.report import git_described, reproducing_command
+from durableruns import conf
 
 DB = "dr_bench_statements"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -52,8 +53,8 @@ KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("results held in memory, and the next intent", lambda q: "rows AS" in q),
     ("the last result, and the run's end", lambda q: "fence AS" in q and "parent_id" in q),
     ("a result, and the next intent", lambda q: "fence AS" in q and "intent AS" in q),
-    ("the claim's BEGIN, SET LOCAL and COMMIT", lambda q: q.strip() in ("BEGIN", "COMMIT")
-     or q.lstrip().startswith("SET LOCAL enable_sort")),
+    ("the claim's BEGIN, planner settings and COMMIT", lambda q: q.strip() in ("BEGIN", "COMMIT")
+     or q.lstrip().startswith("SET LOCAL enable_sort") or "set_config($1, $2, $3), set_config(" in q),
     # run_step's foreign key: PostgreSQL checks each new attempt's run (its row locked FOR KEY SHARE) in a query of
     # its own, which pg_stat_statements counts apart from the statement that inserted the attempt
     ("the foreign key's check of each new attempt's run", lambda q: 'FROM ONLY "public"."run_state"' in q),
@@ -137,7 +138,8 @@ def markdown(data: dict[str, Any]) -> str:
         "# Where PostgreSQL's time goes in the commit-limit load, statement by statement",
         "",
         f"`{meta['command']}` at {meta['git']}, {meta['date']}; {p['runs']} runs of 5 no-op steps declared "
-        f"`{p['declared']}`, {p['workers']} `resume_runs --once --concurrency {p['concurrency']}`; a private "
+        f"`{p['declared']}`, {p['workers']} `resume_runs --once --concurrency {p['concurrency']}` "
+        f"({commit_limit.prefetch_text(p.get('prefetch'))}); a private "
         f"PostgreSQL {meta['postgresql'].get('server_version', '?')} with pg_stat_statements preloaded and the "
         "shared server's durability settings.",
         "",
@@ -173,6 +175,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--prefetch", type=int, default=None,
+                        help="DURABLERUNS_PREFETCH for the workers (default: the setting's default)")
     parser.add_argument("--declared", choices=sorted(commit_limit.DECLARED), default="intent",
                         help="the no-op steps with their intents (default), or declared intent=False (none)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -184,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     began = time.perf_counter()
+    if args.prefetch is not None:  # the workers inherit this process's environment (commit_limit.run_workers)
+        os.environ["DURABLERUNS_PREFETCH"] = str(args.prefetch)
     with private_pg.private_server(max_connections=100, preload=("pg_stat_statements",)) as server:
         _configure(server.port)
         figures = one_load(server.port, runs=args.runs, workers=args.workers, concurrency=args.concurrency,
@@ -193,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             "command": reproducing_command("bench.statements", argv), "nproc": os.cpu_count(),
             "python": platform.python_version(), "postgresql": settings, "git": git_described(),
             "params": {"runs": args.runs, "workers": args.workers, "concurrency": args.concurrency,
-                       "declared": args.declared},
+                       "declared": args.declared, "prefetch": conf.prefetch()},
             "duration_s": time.perf_counter() - began}
     data = {"meta": meta, "figures": figures}
     args.out.mkdir(parents=True, exist_ok=True)

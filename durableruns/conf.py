@@ -96,6 +96,16 @@ def hold_results() -> float:
     return seconds
 
 
+def prefetch() -> int:
+    """How many due runs one claim of a single pass (resume_runs --once, resume_due) may take; the runs its thread
+    does not begin at once wait in the pass for the process's next free thread (durableruns.store.prefetch);
+    DURABLERUNS_PREFETCH, 4 by default; 1 claims one run at a time."""
+    value = getattr(settings, "DURABLERUNS_PREFETCH", 4)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ImproperlyConfigured(f"DURABLERUNS_PREFETCH must be a whole number of 1 or more, not {value!r}")
+    return value
+
+
 def internal_error_backoff() -> timedelta:
     """How long a run whose pass raised inside durableruns itself (a bug, or data the database refused) waits
     before a worker tries it again; DURABLERUNS_INTERNAL_ERROR_BACKOFF_SECONDS, 60 by default."""

@@ -129,6 +129,8 @@ DURABLERUNS_MISSING_STEP_RETRY_SECONDS = env.float("DURABLERUNS_MISSING_STEP_RET
 DURABLERUNS_PREPARED_STATEMENTS = env.bool("DURABLERUNS_PREPARED_STATEMENTS", default=True)
 # Worker processes: threads per resume_runs, the crash budget, how long past a step's timeout it is "stuck".
 DURABLERUNS_CONCURRENCY = env.int("DURABLERUNS_CONCURRENCY", default=4)
+# How many due runs one claim of a --once pass may take (1: one at a time).
+DURABLERUNS_PREFETCH = env.int("DURABLERUNS_PREFETCH", default=4)
 DURABLERUNS_BULK_SHARE = env.float("DURABLERUNS_BULK_SHARE", default=0.5)
 DURABLERUNS_MAX_CRASHES = env.int("DURABLERUNS_MAX_CRASHES", default=100)
 DURABLERUNS_MAX_LOOKUP_ERRORS = env.int("DURABLERUNS_MAX_LOOKUP_ERRORS", default=120)

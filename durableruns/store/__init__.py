@@ -20,6 +20,8 @@ public names. One module a concept, each below the ones that use it:
     debounce     debounce_run: a start with a key that replaces the run of that key not begun, DEBOUNCED
     claims       claim and its statements (the probes, concurrency limits, a fresh run's first intent), and what
                  a thread's last claim read: next_due_from_last_claim, more_due_after_last_claim, NEXT_DUE
+    prefetch     claim_several, hand_back, prefetches: several due runs a claim for a single pass, and a run it
+                 hands back not begun (used by durableruns.worker.prefetch; not re-exported)
     attempts     record_intent, record_result (with results held for it), record_held, record_failure, checkpoint,
                  record_raised
     progress     record_progress, reporter (ctx.progress: a step's latest message, done, total)

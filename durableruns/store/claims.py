@@ -67,20 +67,20 @@ _WOKEN_FIRST = ("coalesce(w.run_id IS NOT NULL AND (r.run_id IS NULL OR w.priori
                 " OR (w.priority = r.priority AND (w.wake_at < r.created_at"
                 " OR (w.wake_at = r.created_at AND w.created_at < r.created_at)))), false)")
 
-_TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
+TAKE = """UPDATE run_state SET status = 'running', owner = %(owner)s, epoch = epoch + 1,
          lease_expires_at = now() + %(shift)s + %(lease)s, wake_at = NULL, updated_at = now() + %(shift)s,
          debounce_key = NULL, """ + TAKEOVERS
-_RETURNING = """RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
+RETURNING = """RETURNING run_id, epoch, workflow, plan_fingerprint, input, cursor, ending, created_at, priority,
             trace_context, key_run_id, deadline_at, takeovers"""
 
 # Without concurrency limits in this deploy: take the chosen run.
 _CLAIMED = """
 WITH claimed AS (
-  """ + _TAKE + """
+  """ + TAKE + """
    WHERE run_id = (""" + _PROBES + """
          SELECT CASE WHEN """ + _WOKEN_FIRST + """ THEN w.run_id ELSE r.run_id END
            FROM (VALUES (1)) AS one LEFT JOIN ready r ON true LEFT JOIN woken w ON true)
-  """ + _RETURNING + """),
+  """ + RETURNING + """),
 parked AS (SELECT NULL::text AS run_id WHERE false),"""
 
 # With concurrency limits (Workflow(concurrency=, concurrency_key=)): `limits` maps each limited workflow of this
@@ -146,6 +146,14 @@ taken AS (
 claimed AS (SELECT * FROM taken WHERE admitted),
 parked AS (SELECT run_id FROM taken WHERE NOT admitted),"""
 
+# A claimed run's attempts, as JSON (attempt_of reads each).
+ATTEMPTS = """(SELECT coalesce(json_agg(json_build_object(
+                 'step', s.step, 'attempt', s.attempt, 'status', s.status, 'effect_key', s.effect_key,
+                 'started_at', s.started_at, 'finished_at', s.finished_at, 'renewed_at', s.renewed_at,
+                 'held_until', s.held_until, 'raised_at', s.raised_at, 'loop_cursor', s.loop_cursor,
+                 'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
+          FROM run_step s WHERE s.run_id = c.run_id)"""
+
 _CLAIM_TEMPLATE = """{claimed}
 -- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
 -- rides on the claim's commit, as each later step's rides on the result before it.
@@ -161,13 +169,7 @@ first AS (
   RETURNING step, effect_key)
 SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        -- the run's attempts ride on the claim (as they were before it): the boundary needs them first
-       (SELECT coalesce(json_agg(json_build_object(
-                 'step', s.step, 'attempt', s.attempt, 'status', s.status, 'effect_key', s.effect_key,
-                 'started_at', s.started_at, 'finished_at', s.finished_at, 'renewed_at', s.renewed_at,
-                 'held_until', s.held_until, 'raised_at', s.raised_at,
-                 'loop_cursor', s.loop_cursor,
-                 'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
-          FROM run_step s WHERE s.run_id = c.run_id),
+       """ + ATTEMPTS + """,
        (SELECT step FROM first), (SELECT effect_key FROM first), c.ending,
        -- nothing claimed: the thread goes idle, and its timer needs when the next run comes due by itself (read
        -- here, in the same round trip; a CASE branch not taken runs none of its subqueries)
@@ -213,11 +215,15 @@ def _claim_text(*, in_queues: bool, hints: bool, skipping: bool, limited: bool =
     the generic one it caches included. As a parameter they stay in the generic plan, costed, while the custom
     plans of a claim without hints drop them: once the index walk is cheap (as it is in priority order), the
     generic plan never looks as good as the custom ones, and every claim is planned anew."""
-    queues = _IN_QUEUES if in_queues else ""
     text = _CLAIM_TEMPLATE.replace("{claimed}", _CLAIMED_LIMITED if limited else _CLAIMED)
+    return variant(text, in_queues=in_queues, skipping=skipping).replace("%(hints)s", "true" if hints else "false")
+
+
+def variant(text: str, *, in_queues: bool, skipping: bool) -> str:
+    """A claim's `text` with its {queues} and {skip} filters spelled out, or left out."""
+    queues = _IN_QUEUES if in_queues else ""
     text = text.replace("{queues}", queues).replace("{other_queues}", queues.replace("AND q", "AND o.q"))
-    text = text.replace("{skip}", _SKIPPING if skipping else "")
-    return text.replace("%(hints)s", "true" if hints else "false")
+    return text.replace("{skip}", _SKIPPING if skipping else "")
 
 
 CLAIMS = {(in_queues, hints, skipping): _claim_text(in_queues=in_queues, hints=hints, skipping=skipping)
@@ -371,7 +377,7 @@ def _limits_json_for(bounds: tuple[tuple[str, int], ...]) -> str:
     return json.dumps(dict(bounds))
 
 
-def _first_steps_json(first_steps: FirstSteps) -> str:
+def first_steps_json(first_steps: FirstSteps) -> str:
     return _first_steps_json_for(first_steps, conf.standby_intents() is not None)
 
 
@@ -383,7 +389,7 @@ def _first_steps_json_for(first_steps: FirstSteps, standby: bool) -> str:
                        if not (standby and get_workflow(w)[s].waits_for_standby)])
 
 
-def _attempt(row: dict[str, Any]) -> StepAttempt:
+def attempt_of(row: dict[str, Any]) -> StepAttempt:
     """An attempt as json_build_object returned it (timestamps as ISO text)."""
     for when in ("started_at", "finished_at"):
         if row[when] is not None:
@@ -450,7 +456,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
         bounds = limits_json()
         for _ in range(_PARKS_PER_CLAIM):
             try:
-                taken = _pg_claim(owner=owner, times=times, first_steps=_first_steps_json(first_steps),
+                taken = _pg_claim(owner=owner, times=times, first_steps=first_steps_json(first_steps),
                                     before_commit=before_first_intent, hints=hints, queues=queues, skip=skip,
                                     limits=bounds)
             except (DataError, IntegrityError):
@@ -460,7 +466,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                 # longer than its column, recorded before a deploy that refuses such names). The statement took
                 # nothing; claim again without it, so the engine records the intent on its own, where the pool
                 # ends that run's turn only (worker.pool) instead of this claim stopping every pass at the same run.
-                taken = _pg_claim(owner=owner, times=times, first_steps=_first_steps_json(()),
+                taken = _pg_claim(owner=owner, times=times, first_steps=first_steps_json(()),
                                     before_commit=before_first_intent, hints=hints, queues=queues, skip=skip,
                                     limits=bounds)
             # A run parked by its limit was not taken, and is out of every probe now: look again for the next.
@@ -474,7 +480,7 @@ def _claim(*, owner: str, lease_seconds: float, clock: Clock, run_id: str | None
                                                       cursor=0)
         return Claimed(lease=Lease(run_id=taken_id, owner=owner, epoch=epoch, seconds=lease_seconds),
                        workflow=workflow, plan_fingerprint=fingerprint, input=decoded(payload) or {},
-                       attempts=[_attempt(a) for a in decoded(attempts)], first_intent=first,
+                       attempts=[attempt_of(a) for a in decoded(attempts)], first_intent=first,
                        ending=ending or "", trace_context=decoded(trace), key_run_id=keys, overdue=overdue,
                        takeovers=takeovers)
     with transaction.atomic(using=conf.database(), durable=True):
@@ -541,7 +547,7 @@ def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps
     db = connections[conf.database()]
     lease = timedelta(seconds=lease_seconds)
     try:
-        found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=_first_steps_json(first_steps),
+        found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=first_steps_json(first_steps),
                              queues=queues, skip=skip, hints=hints, limits=limits(),
                              before_commit=before_first_intent)
     except (DataError, IntegrityError):
@@ -549,7 +555,7 @@ def _spread_claim(*, owner: str, lease_seconds: float, clock: Clock, first_steps
             raise
         # The database refused the first intent riding on the claim (as in _claim): nothing was taken; claim again
         # without it, so the engine records the intent on its own and only that run's turn ends.
-        found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=_first_steps_json(()),
+        found = spread.claim(owner=owner, shift=clock.shift, lease=lease, first_steps=first_steps_json(()),
                              queues=queues, skip=skip, hints=hints, limits=limits(),
                              before_commit=before_first_intent)
     setattr(db, _PARKED_ATTRIBUTE, None)

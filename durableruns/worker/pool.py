@@ -7,6 +7,7 @@ heartbeat (one renewal statement per beat for every lease in hand), one budget (
 the step in hand. Idle threads wait on the waker (a notification, a timer for the next wake time, or the poll
 interval), so the process holds no connection busy while nothing is due. While notifications reach the process,
 a thread that ends a run goes idle without a claim if the process knows nothing else is due (Waker.nothing_due).
+A single pass claims several runs at once where it can (durableruns.worker.prefetch).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from durableruns.engine import Engine
 from durableruns.errors import FencedOut
 from durableruns.models import RunStatus
 from durableruns.passes import RunOutcome
-from durableruns.registry import first_steps
+from durableruns.registry import first_steps, limits
 from durableruns.store.base import Claimed
 from durableruns.store.claims import more_due_after_last_claim
+from durableruns.store.prefetch import prefetches
 from durableruns.worker.heartbeat import Heartbeat
+from durableruns.worker.prefetch import Ahead
 
 log = logging.getLogger("durableruns")
 
@@ -196,10 +199,19 @@ class Budget:
             self.left -= 1
             return True
 
-    def give_back(self) -> None:
+    def take_up_to(self, wanted: int) -> int:
+        """Take as many as `wanted` at most, as many as are left; return how many were taken."""
+        with self._lock:
+            if self.left is None:
+                return wanted
+            taken = max(0, min(wanted, self.left))
+            self.left -= taken
+            return taken
+
+    def give_back(self, runs: int = 1) -> None:
         with self._lock:
             if self.left is not None:
-                self.left += 1
+                self.left += runs
 
 
 @dataclass(kw_only=True)
@@ -309,6 +321,8 @@ class WorkerPool:
         # left due again at once (a wait already over: DURABLERUNS_LOOKUP_RETRY_SECONDS=0), or whose pass raised,
         # would be claimed again and again, oldest first, and the pass never end: it leaves those to the next.
         self._left: set[str] = set()
+        # A single pass may claim several runs at once (store.prefetch): those it does not begin at once wait here.
+        self._ahead = Ahead(heartbeat, lease_seconds, clock) if self._single_pass else None
 
     def in_hand(self) -> list[InHand]:
         with self._lock:
@@ -352,6 +366,8 @@ class WorkerPool:
                         grace,
                     )
                     break
+        if self._ahead is not None:
+            self._ahead.hand_back()
         if self.error is not None:
             raise self.error
         if self._raised is not None:
@@ -442,16 +458,43 @@ class WorkerPool:
             if waker is not None:
                 waker.claim_ended(wakes)  # after what it saw is told: a thread that ends a run meanwhile relies on it
 
+    def _prefetching(self) -> bool:
+        """Whether this thread's next claim may take several runs (store.prefetch): a single pass, with no fault
+        armed at the first intent (the crash matrix's points stay one run a claim)."""
+        return self._ahead is not None and _before_first_intent() is None and prefetches()
+
+    def _claim_ahead(self, owner: str) -> tuple[Claimed | None, float | None]:
+        """Claim as many runs as DURABLERUNS_PREFETCH (and the budget) allow in one statement; begin the first, and
+        keep the others for the next free threads. Nothing due, or the database refused a first intent riding on
+        it: the one-run claim, which looks for runs to reopen when nothing is due, and records such an intent on
+        its own."""
+        assert self._ahead is not None
+        more = self.budget.take_up_to(conf.prefetch() - 1)
+        taken = self._ahead.claim(owner, most=1 + more, queues=self.queues, skip=self._leaving())
+        self.budget.give_back(more + 1 - max(1, len(taken)))
+        if not taken:
+            return self._claim(owner, None)  # the budget it took for one run is still taken
+        self.report.count_claim(found=True)
+        return taken[0], None
+
     def _work_due(self, engine: Engine, owner: str) -> tuple[bool, float | None]:
         """Claim and work runs until none is due; return whether the budget ran out, and the seconds until the
         next run comes due by itself (None: none will, or not known)."""
         waker = self.waker if self.run_id is None else None
+        one_at_a_time = False
         while not self.stopping.is_set() and not self._past_deadline():
-            if not self.budget.take():
-                return True, None
-            claimed, due_in = self._claim(owner, waker)
+            claimed = self._ahead.take() if self._ahead is not None else None  # its budget taken by its claim
             if claimed is None:
-                return False, due_in
+                if not self.budget.take():
+                    return True, None
+                ahead = self._prefetching() and not one_at_a_time
+                claimed, due_in = self._claim_ahead(owner) if ahead else self._claim(owner, waker)
+                if claimed is None and self._ahead is not None:
+                    claimed = self._ahead.after_claims(stopping=self.stopping.is_set)
+                if claimed is None:
+                    return False, due_in
+            # A run its concurrency limit admitted is claimed one at a time (store.prefetch): so is the next.
+            one_at_a_time = claimed.workflow in limits()
             run_id = claimed.lease.run_id
             with self._lock:
                 self._in_hand[threading.current_thread().name] = InHand(

@@ -65,8 +65,8 @@ def test_the_hot_path_prepares_its_fenced_statements_and_reuses_their_plans():
     run_to_completion(8)  # more executions than PostgreSQL's 5 custom plans before it tries a generic one
     statements = prepared_statements()
     # Only the engine's own statements: Django's queries are client-side. (The claim is the one with concurrency
-    # limits, WITH chosen AS: tests.workflows declares limited workflows.)
-    engine = ("WITH fence AS", "WITH created AS", "WITH claimed AS", "WITH chosen AS")
+    # limits, WITH chosen AS: tests.workflows declares limited workflows; or the claim of several, WITH ready AS.)
+    engine = ("WITH fence AS", "WITH created AS", "WITH claimed AS", "WITH chosen AS", "WITH ready AS")
     assert statements and all(s.startswith(engine) for s in statements), statements
     # The run's insert, its claim (with its first intent), 3 results.
     assert sum(generic + custom for generic, custom in statements.values()) == 8 * 5, statements

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from durableruns import services, store
@@ -23,6 +24,7 @@ def owners(run_ids: list[str]) -> set[str]:
     return set(RunState.objects.filter(pk__in=run_ids).values_list("owner", flat=True))
 
 
+@override_settings(DURABLERUNS_PREFETCH=1)  # one run a claim: each claim counted below; several: test_prefetch.py
 def test_eight_threads_work_eight_runs_at_once_each_step_once():
     run_ids = [make_run("pool_napping", {"nap": 0.4}) for _ in range(16)]
     report = services.resume_due(concurrency=8, owner="host:1")
