@@ -39,10 +39,14 @@ class Heartbeat:
     # -- what the workers call -----------------------------------------------------------------------------
 
     def hold(self, lease: Lease) -> None:
-        """Renew `lease` from the next beat on."""
+        """Renew `lease` from the next beat on. The thread is woken only if the beats must come sooner: it was idle
+        (nothing held), or this lease is shorter than every one held; otherwise the next beat, when it comes,
+        renews this one too (a run taken changes what a beat renews, not when it comes)."""
         with self._lock:
+            sooner = all(lease.seconds < held.seconds for held in self._held.values())  # True if none is held
             self._held[lease.run_id] = lease
-        self._changed.set()
+        if sooner:
+            self._changed.set()
 
     def drop(self, lease: Lease) -> None:
         """Stop renewing `lease` (the run was handed back, or lost)."""
