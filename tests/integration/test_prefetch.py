@@ -164,3 +164,14 @@ def test_a_worker_killed_holding_re_executable_runs_runs_only_the_step_in_hand_a
                 for run_id in run_ids}
     # The step in doubt runs again (re_executable); the runs claimed ahead had never begun: one attempt each.
     assert attempts == {run_id: [1, 2] if run_id == begun else [1] for run_id in run_ids}
+
+
+def test_a_pass_past_its_max_seconds_hands_back_the_runs_it_had_not_begun(workers):
+    run_ids = [make_run("pool_napping", {"nap": 0.5}) for _ in range(4)]
+    done = workers.run("--once", "--concurrency", "1", "--max-seconds", "0.5", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "handed back 3 run(s) claimed ahead" in done.stderr, done.stderr
+    rows = RunState.objects.filter(pk__in=run_ids)
+    assert all(r.lease_expires_at is None for r in rows)  # none left to a lease: due at once for any worker
+    not_begun = [r for r in rows if not RunStep.objects.filter(run_id=r.run_id).exists()]
+    assert len(not_begun) == 3 and {r.status for r in not_begun} == {RunStatus.PENDING}
