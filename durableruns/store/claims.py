@@ -154,10 +154,9 @@ ATTEMPTS = """(SELECT coalesce(json_agg(json_build_object(
                  'progress', s.progress, 'result', s.result, 'error', s.error)), '[]'::json)
           FROM run_step s WHERE s.run_id = c.run_id)"""
 
-_CLAIM_TEMPLATE = """{claimed}
--- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
--- rides on the claim's commit, as each later step's rides on the result before it.
-first AS (
+# The first intents of the fresh runs claimed (of a workflow this deploy has, under the same plan), {lead} the
+# filter of a claim that gives it to one of them only (store.prefetch).
+FIRST_INTENT = """
   INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, finished_at, result,
                         error, resolution, owner, epoch, loop_cursor, progress)
   SELECT c.run_id, f.step, 1, 'started', coalesce(c.key_run_id, c.run_id) || ':' || f.step, now() + %(shift)s,
@@ -165,7 +164,12 @@ first AS (
     FROM claimed c
     JOIN jsonb_to_recordset(%(first_steps)s::jsonb) AS f(workflow text, fingerprint text, step text)
       ON f.workflow = c.workflow AND f.fingerprint = c.plan_fingerprint
-   WHERE c.cursor = 0 AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = c.run_id)
+   WHERE c.cursor = 0{lead} AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = c.run_id)"""
+
+_CLAIM_TEMPLATE = """{claimed}
+-- A fresh run (no attempt yet) of a workflow this deploy has, under the same plan: its first step's intent
+-- rides on the claim's commit, as each later step's rides on the result before it.
+first AS (""" + FIRST_INTENT.replace("{lead}", "") + """
   RETURNING step, effect_key)
 SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input,
        -- the run's attempts ride on the claim (as they were before it): the boundary needs them first

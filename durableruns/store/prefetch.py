@@ -31,8 +31,8 @@ from durableruns import conf
 from durableruns.clock import Clock
 from durableruns.models import RunState, RunStatus
 from durableruns.registry import FirstSteps, limits
-from durableruns.store import claims
 from durableruns.store.base import DATABASE, Claimed, Intent, Lease, decoded, fast, wake_workers
+from durableruns.store.claims import ATTEMPTS, FIRST_INTENT, RETURNING, TAKE, attempt_of, first_steps_json, variant
 from durableruns.store.sql import hot_path
 
 # The claim's order, over both probes' rows: priority first, then the time each was due (a ready run when it was
@@ -42,8 +42,7 @@ from durableruns.store.sql import hot_path
 _ORDER = "priority DESC, due, created_at"
 PLANNING = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
 
-_SEVERAL = (
-    """
+_SEVERAL = """
 WITH ready AS MATERIALIZED (
   SELECT run_id, priority, created_at, created_at AS due, status, workflow, concurrency_key, deadline_at
     FROM run_state
@@ -62,52 +61,29 @@ chosen AS MATERIALIZED (
            -- are left to a claim of one, which admits or parks it under its key's lock
            bool_or(status <> 'running' AND concurrency_key IS NOT NULL AND workflow = ANY(%(limited)s::text[])
                    AND NOT coalesce(deadline_at <= now() + %(shift)s, false))
-             OVER (ORDER BY """
-    + _ORDER
-    + """ ROWS UNBOUNDED PRECEDING) AS limited
+             OVER (ORDER BY """ + _ORDER + """ ROWS UNBOUNDED PRECEDING) AS limited
       FROM (SELECT * FROM ready UNION ALL SELECT * FROM woken) AS due_runs) AS ordered
-   WHERE NOT limited ORDER BY """
-    + _ORDER
-    + """ LIMIT {most}),
-lead AS MATERIALIZED (SELECT run_id FROM chosen ORDER BY """
-    + _ORDER
-    + """ LIMIT 1),
+   WHERE NOT limited ORDER BY """ + _ORDER + """ LIMIT {most}),
+lead AS MATERIALIZED (SELECT run_id FROM chosen ORDER BY """ + _ORDER + """ LIMIT 1),
 claimed AS (
-  """
-    + claims.TAKE
-    + """
+  """ + TAKE + """
    WHERE run_id IN (SELECT run_id FROM chosen)
-  """
-    + claims.RETURNING
-    + """),
-first AS (
-  INSERT INTO run_step (run_id, step, attempt, status, effect_key, started_at, held_until, finished_at, result,
-                        error, resolution, owner, epoch, loop_cursor, progress)
-  SELECT c.run_id, f.step, 1, 'started', coalesce(c.key_run_id, c.run_id) || ':' || f.step, now() + %(shift)s,
-         now() + %(shift)s + %(lease)s, NULL, NULL, '', '', %(owner)s, c.epoch, 0, '{}'::jsonb
-    FROM claimed c
-    JOIN jsonb_to_recordset(%(first_steps)s::jsonb) AS f(workflow text, fingerprint text, step text)
-      ON f.workflow = c.workflow AND f.fingerprint = c.plan_fingerprint
-   WHERE c.cursor = 0 AND c.run_id = (SELECT run_id FROM lead)
-     AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = c.run_id)
+  """ + RETURNING + """),
+-- the first intent of the run begun at once only: the others record theirs when they are begun
+first AS (""" + FIRST_INTENT.replace("{lead}", " AND c.run_id = (SELECT run_id FROM lead)") + """
   RETURNING run_id, step, effect_key)
-SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input, """
-    + claims.ATTEMPTS
-    + """,
+SELECT c.run_id, c.epoch, c.workflow, c.plan_fingerprint, c.input, """ + ATTEMPTS + """,
        f.step, f.effect_key, c.ending, c.trace_context, c.key_run_id,
        coalesce(c.deadline_at <= now() + %(shift)s, false), c.takeovers
   FROM claimed c JOIN chosen o ON o.run_id = c.run_id LEFT JOIN first f ON f.run_id = c.run_id
- ORDER BY o."""
-    + _ORDER.replace(", ", ", o.")
-    + """
+ ORDER BY """ + ", ".join(f"o.{column}" for column in _ORDER.split(", ")) + """
 """
-)
 
 
 def several_text(most: int, *, in_queues: bool, skipping: bool) -> str:
     """The claim of at most `most` runs, for a worker limited to queues or not, in a pass that leaves some runs out
     or not: the number is spelled in the text, so each size is a statement (and a plan) of its own."""
-    return claims.variant(_SEVERAL.replace("{most}", str(int(most))), in_queues=in_queues, skipping=skipping)
+    return variant(_SEVERAL.replace("{most}", str(int(most))), in_queues=in_queues, skipping=skipping)
 
 
 def prefetches() -> bool:
@@ -122,28 +98,16 @@ def limited() -> list[str]:
     return sorted(limits())
 
 
-def claim_several(
-    *,
-    owner: str,
-    lease_seconds: float,
-    most: int,
-    clock: Clock = DATABASE,
-    first_steps: FirstSteps = (),
-    queues: tuple[str, ...] = (),
-    skip: Collection[str] = (),
-) -> list[Claimed]:
+def claim_several(*, owner: str, lease_seconds: float, most: int, clock: Clock = DATABASE,
+                  first_steps: FirstSteps = (), queues: tuple[str, ...] = (),
+                  skip: Collection[str] = ()) -> list[Claimed]:
     """Take at most `most` due runs in the claim's order, in one statement and one commit (`prefetches` says
     when); the first is the one to begin at once. None due, or the first due must be admitted by its concurrency
     limit: [] (a claim of one takes it, or parks it)."""
     import psycopg
 
-    params: dict[str, Any] = {
-        "owner": owner,
-        "first_steps": claims.first_steps_json(first_steps),
-        "limited": limited(),
-        "shift": clock.shift,
-        "lease": timedelta(seconds=lease_seconds),
-    }
+    params: dict[str, Any] = {"owner": owner, "first_steps": first_steps_json(first_steps),
+                              "limited": limited(), "shift": clock.shift, "lease": timedelta(seconds=lease_seconds)}
     if queues:
         params["queues"] = list(queues)
     if skip:
@@ -166,36 +130,15 @@ def claim_several(
             if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 raw.execute("ROLLBACK")
             raise
-    return [
-        Claimed(
-            lease=Lease(run_id=run_id, owner=owner, epoch=epoch, seconds=lease_seconds),
-            workflow=workflow,
-            plan_fingerprint=fingerprint,
-            input=decoded(payload) or {},
-            attempts=[claims.attempt_of(a) for a in decoded(attempts)],
-            first_intent=None if step is None else Intent(step=step, attempt=1, effect_key=str(key), cursor=0),
-            ending=ending or "",
-            trace_context=decoded(trace),
-            key_run_id=keys,
-            overdue=bool(overdue),
-            takeovers=takeovers or 0,
-        )
-        for (
-            run_id,
-            epoch,
-            workflow,
-            fingerprint,
-            payload,
-            attempts,
-            step,
-            key,
-            ending,
-            trace,
-            keys,
-            overdue,
-            takeovers,
-        ) in rows
-    ]
+    return [Claimed(lease=Lease(run_id=run_id, owner=owner, epoch=epoch, seconds=lease_seconds),
+                    workflow=workflow, plan_fingerprint=fingerprint, input=decoded(payload) or {},
+                    attempts=[attempt_of(a) for a in decoded(attempts)],
+                    first_intent=None if step is None else Intent(step=step, attempt=1, effect_key=str(key),
+                                                                  cursor=0),
+                    ending=ending or "", trace_context=decoded(trace), key_run_id=keys, overdue=bool(overdue),
+                    takeovers=takeovers or 0)
+            for (run_id, epoch, workflow, fingerprint, payload, attempts, step, key, ending, trace, keys, overdue,
+                 takeovers) in rows]
 
 
 def hand_back(claimed: Claimed, *, clock: Clock = DATABASE) -> bool:
