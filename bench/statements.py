@@ -53,6 +53,8 @@ KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("results held in memory, and the next intent", lambda q: "rows AS" in q),
     ("the last result, and the run's end", lambda q: "fence AS" in q and "parent_id" in q),
     ("a result, and the next intent", lambda q: "fence AS" in q and "intent AS" in q),
+    # a run a claim took ahead (DURABLERUNS_PREFETCH) records its first intent when it is begun, on its own
+    ("a first intent on its own (a run claimed ahead)", lambda q: "fence AS" in q and "INSERT INTO run_step" in q),
     ("the claim's BEGIN, planner settings and COMMIT", lambda q: q.strip() in ("BEGIN", "COMMIT")
      or q.lstrip().startswith("SET LOCAL enable_sort") or "set_config($1, $2, $3), set_config(" in q),
     # run_step's foreign key: PostgreSQL checks each new attempt's run (its row locked FOR KEY SHARE) in a query of

@@ -17,6 +17,7 @@ RUNS = 40
 CLAIM = "the claim (a fresh run's first intent in it)"
 WRAPPING = "the claim's BEGIN, planner settings and COMMIT"
 FOREIGN_KEY = "the foreign key's check of each new attempt's run"
+OWN_INTENT = "a first intent on its own (a run claimed ahead)"
 
 
 def statements(tmp_path, declared: str, *more: str) -> dict:
@@ -41,6 +42,9 @@ def test_each_statement_of_a_run_with_intents_is_named_and_counted(tmp_path):
     assert calls["a result, and the next intent"] == 4
     assert calls["the last result, and the run's end"] == 1
     assert 0.25 <= calls[CLAIM] < 0.5
+    # The runs a claim took ahead, not begun at once: each records its first intent on its own when it is begun.
+    assert 0.5 <= calls[OWN_INTENT] <= 0.75
+    assert calls[CLAIM] + calls[OWN_INTENT] >= 1
     # BEGIN, the planner's settings and COMMIT around each claim (and the BEGIN and COMMIT of the pass's few other
     # transactions)
     assert calls[WRAPPING] >= 3 * calls[CLAIM]
@@ -63,5 +67,7 @@ def test_results_held_in_memory_are_one_statement_per_run(tmp_path):
 
 
 def test_one_run_a_claim_when_set_so(tmp_path):
-    calls = per_run(statements(tmp_path, "none", "--prefetch", "1"))
-    assert 1 <= calls[CLAIM] < 1.5 and calls["results held in memory, and the run's end"] == 1
+    calls = per_run(statements(tmp_path, "intent", "--prefetch", "1"))
+    # Each run claimed alone, its first intent in its claim: none recorded on its own.
+    assert 1 <= calls[CLAIM] < 1.5 and calls["a result, and the next intent"] == 4
+    assert OWN_INTENT not in calls
