@@ -58,15 +58,16 @@ def test_the_commit_limit_bench_measures_each_level_against_pgbench(tmp_path):
 
 def test_declared_without_intents_a_run_is_its_claim_and_one_commit(tmp_path):
     """The same load with its steps declared intent=False (durableruns.held): the five results share one commit,
-    so a run commits twice (its claim, its results with its end) where it commits six with intents."""
+    so a run claimed alone (--prefetch 1) commits twice (its claim, its results with its end) where it commits six
+    with intents."""
     recreate_database(DB)
     command = [sys.executable, "-m", "bench.commit_limit", "--runs", "40", "--workers", "1", "--concurrency", "2",
                "--rounds", "1", "--pgbench-seconds", "1", "--memory-runs", "0", "--db", DB, "--out", str(tmp_path),
-               "--declared", "none"]
+               "--declared", "none", "--prefetch", "1"]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     data = json.loads((tmp_path / "commit_limit.json").read_text())
-    assert data["meta"]["params"]["declared"] == "none"
+    assert data["meta"]["params"]["declared"] == "none" and data["meta"]["params"]["prefetch"] == 1
     level = data["figures"]["levels"]["1"]
     assert 0.4 <= level["commits_per_step"]["median"] < 0.6  # with intents: about 1.2
     assert "floor" not in level  # the floor is the statement of a step declared with an intent
