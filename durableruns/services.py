@@ -241,7 +241,8 @@ def resume_due(
                                     pickup=lambda: listener.state if listener is not None else f"polling every "
                                     f"{idle_seconds:g}s" if waker is not None else "one pass (--once)")
                 presence.report()
-            watchdog = Watchdog(heartbeat, clock=clock, presence=presence).start()
+            watchdog = Watchdog(heartbeat, clock=clock, presence=presence)
+            heartbeat.after(watchdog.every, watchdog.start_looking)  # no thread for a pass shorter than that
             pool = WorkerPool(
                 concurrency=concurrency, owner=owner, clock=clock, heartbeat=heartbeat,
                 lease_seconds=conf.lease_seconds() if lease_seconds is None else lease_seconds, report=report,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from django.db import DatabaseError, InterfaceError, connections
@@ -33,6 +34,7 @@ class Heartbeat:
         self._changed = threading.Event()
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._deferred: list[tuple[float, Callable[[], object]]] = []  # (monotonic time, what to start then)
         self.beats = 0  # statements sent: one per beat, whatever the number of leases it renewed
         self.renewed = 0  # leases renewed, over all beats
 
@@ -58,6 +60,27 @@ class Heartbeat:
         with self._lock:
             return list(self._held.values())
 
+    def after(self, seconds: float, start: Callable[[], object]) -> None:
+        """Have this thread call `start` once `seconds` have passed, if it still runs then. A helper whose first
+        look comes after an interval (the watchdog) is started that way: a pass shorter than the interval (a
+        single pass in-process, a run or two) costs no thread of its own."""
+        with self._lock:
+            self._deferred.append((time.monotonic() + seconds, start))
+        self._changed.set()
+
+    def _start_deferred(self, now: float) -> float | None:
+        """Start what has come due; return when the next of the others comes (monotonic), if any."""
+        with self._lock:
+            due = [start for at, start in self._deferred if at <= now]
+            self._deferred = [(at, start) for at, start in self._deferred if at > now]
+            later = min((at for at, _ in self._deferred), default=None)
+        for start in due:
+            try:
+                start()
+            except Exception:  # a helper that cannot start must not cost the leases this thread renews
+                log.exception("heartbeat: could not start %r", start)
+        return later
+
     # -- the thread ------------------------------------------------------------------------------------------
 
     def start(self) -> Heartbeat:
@@ -82,19 +105,20 @@ class Heartbeat:
         next_beat: float | None = None
         try:
             while not self._stopped:
+                now = time.monotonic()
+                deferred = self._start_deferred(now)
                 leases = self.held()
                 if not leases:
                     next_beat = None
-                    self._changed.wait()
+                    self._changed.wait(None if deferred is None else deferred - now)
                     self._changed.clear()
                     continue
                 interval = min(lease.seconds for lease in leases) / 3
-                now = time.monotonic()
                 if next_beat is None:  # the first lease since the thread was idle: it was just taken, fresh
                     next_beat = now + interval
                 next_beat = min(next_beat, now + interval)  # a shorter lease arrived: beat sooner
                 if now < next_beat:
-                    self._changed.wait(next_beat - now)
+                    self._changed.wait((next_beat if deferred is None else min(next_beat, deferred)) - now)
                     self._changed.clear()
                     continue
                 self.beat(leases)

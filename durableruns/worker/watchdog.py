@@ -91,10 +91,19 @@ class Watchdog(Background):
         self.margin = conf.stuck_margin() if margin is None else margin
         self.every = max(0.5, min(10.0, self.margin.total_seconds() / 2))
         self.seen: dict[tuple[str, int], Outlived] = {}
+        self._first = self.every  # the wait before the first look
+
+    def start_looking(self) -> Watchdog:
+        """Start the thread with its first look at once: its first interval passed before it was started (a pass
+        has the heartbeat start it then, Heartbeat.after, so a shorter pass costs no thread)."""
+        self._first = 0.0
+        return self.start()
 
     def _run(self) -> None:
+        wait = self._first
         try:
-            while not self._stopped.wait(self.every):
+            while not self._stopped.wait(wait):
+                wait = self.every
                 if self.presence is not None:
                     self.presence.report()
                 try:

@@ -4,6 +4,7 @@ their leases, a pass that drains what is due, and a stop that hands runs back be
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
@@ -53,6 +54,37 @@ def test_one_heartbeat_statement_renews_every_lease_in_hand():
     after = dict(RunState.objects.values_list("run_id", "lease_expires_at"))
     assert all(after[lease.run_id] > before[lease.run_id] for lease in leases)
     assert heartbeat.renewed == 5 and heartbeat.beats == 1  # the stale epoch was not renewed
+
+
+def test_a_start_deferred_on_the_heartbeat_comes_once_at_its_time_and_never_after_the_heartbeat_stops():
+    started: list[float] = []
+    with Heartbeat() as heartbeat:
+        heartbeat.hold(Lease(run_id="held", owner="w", epoch=1, seconds=30))  # its first beat 10 s away
+        began = time.monotonic()
+        heartbeat.after(0.3, lambda: started.append(time.monotonic()))
+        time.sleep(0.1)
+        assert started == []
+        wait_until(lambda: started, what="the deferred start", timeout=5)
+    assert started[0] - began >= 0.29
+    with Heartbeat() as heartbeat:
+        heartbeat.after(0.3, lambda: started.append(time.monotonic()))
+    time.sleep(0.5)
+    assert len(started) == 1  # stopped first: never started
+
+
+def test_a_short_pass_starts_no_watchdog_and_a_long_one_has_it_look(monkeypatch, settings):
+    settings.DURABLERUNS_STUCK_MARGIN_SECONDS = 0.5  # the watchdog looks every 0.5 s
+    threads: list[set[str]] = []
+    short = services.resume_due(on_outcome=lambda _: threads.append({t.name for t in threading.enumerate()}),
+                                run_id=make_run("scripted"))
+    assert short.counts() == {"completed": 1}
+    assert "durableruns-heartbeat" in threads[0] and "durableruns-watchdog" not in threads[0]
+    monkeypatch.setenv("TEST_STUCK_SECONDS", "1.6")  # past its 0.2 s timeout and the margin from 0.7 s on
+    stuck = make_run("stuck_probe")
+    long = services.resume_due(on_outcome=lambda _: threads.append({t.name for t in threading.enumerate()}),
+                               run_id=stuck)
+    assert "durableruns-watchdog" in threads[1]
+    assert len(long.outlived) == 1 and f"run {stuck}: blocks" in long.outlived[0], long.outlived
 
 
 def test_once_drains_everything_due_with_no_cap_by_default(workers):
