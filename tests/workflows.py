@@ -717,6 +717,26 @@ pure_chain = Workflow("pure_chain")
 for _n in (1, 2, 3):
     pure_chain.step(policy="re_executable", intent=False)(_chain_price(_n))
 
+# Held results of every JSON shape, written by the one statement that ends the run: a null, text with quotes,
+# backslashes and a line separator, a nested object.
+held_values = Workflow("held_values")
+
+
+@held_values.step(policy="re_executable", intent=False)
+def gives_null(ctx: Any) -> None:
+    return None
+
+
+@held_values.step(policy="re_executable", intent=False)
+def gives_text(ctx: Any) -> str:
+    return 'a "quoted" \\ path\u2028é'
+
+
+@held_values.step(policy="re_executable", intent=False)
+def gives_object(ctx: Any) -> dict[str, Any]:
+    return {"n": [1, 2.5, None], "nested": {"null": None, "s": "x'y"}}
+
+
 # A step that records no intent has no started attempt to checkpoint into: its ctx.loop fails the attempt, clearly.
 unrecorded_loop = Workflow("unrecorded_loop")
 

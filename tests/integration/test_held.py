@@ -127,3 +127,17 @@ def test_a_step_without_an_intent_that_checkpoints_fails_saying_why_instead_of_l
     assert "count_lines is declared intent=False" in run.reason and "ctx.loop" in run.reason, run.reason
     assert list(RunStep.objects.filter(run_id=run_id).values_list("attempt", "status")) == [(1, "failed"),
                                                                                           (2, "failed")]
+
+
+def test_held_results_of_every_json_shape_are_recorded_as_returned_a_null_as_json_null():
+    run_id = durableruns.start("held_values", {})
+    services.resume_due()
+    assert RunState.objects.get(pk=run_id).status == RunStatus.COMPLETED
+    results = dict(RunStep.objects.filter(run_id=run_id).values_list("step", "result"))
+    assert results == {"gives_null": None, "gives_text": 'a "quoted" \\ path\u2028é',
+                       "gives_object": {"n": [1, 2.5, None], "nested": {"null": None, "s": "x'y"}}}
+    if connection.vendor == "postgresql":  # the null is JSON's, as a step's returned None always is, not SQL's
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT jsonb_typeof(result) FROM run_step WHERE run_id = %s AND step = 'gives_null'",
+                           [run_id])
+            assert cursor.fetchone() == ("null",)
