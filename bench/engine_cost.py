@@ -11,6 +11,8 @@ commit: durableruns.held); and the same
 design bounds at (9 + 3) / 9 per step: the run's creation, its claim, the first intent, then one commit per step
 that records its result together with the next step's intent (the last one completes the run). On PostgreSQL the
 first intent rides on the claim, so a run makes 9 + 2.
+
+bench.engine_ab times the same in-process run alone, this checkout against another.
 """
 
 from __future__ import annotations
@@ -128,3 +130,4 @@ def measure(*, dbs: Databases, repeat: int, runs: int, commits: int, dbos_workfl
                    "dbos_workflows_per_round": dbos_workflows,
                    "durableruns_path": "services.start_run + services.resume_due(limit=1) in-process"},
     }
+
