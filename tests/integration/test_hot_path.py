@@ -64,6 +64,10 @@ def test_the_hot_path_prepares_its_fenced_statements_and_reuses_their_plans():
     connection.close()  # a session of its own: prepared statements live as long as the connection
     run_to_completion(8)  # more executions than PostgreSQL's 5 custom plans before it tries a generic one
     statements = prepared_statements()
+    # The pass's look for pending bulk items, once: prepared too, as the engine's own statements are.
+    probe = "SELECT EXISTS (SELECT 1 FROM run_bulk_item"
+    assert [sum(counts) for s, counts in statements.items() if s.startswith(probe)] == [1], statements
+    statements = {s: counts for s, counts in statements.items() if not s.startswith(probe)}
     # Only the engine's own statements: Django's queries are client-side. (The claim is the one with concurrency
     # limits, WITH chosen AS: tests.workflows declares limited workflows; or the claim of several, WITH ready AS.)
     engine = ("WITH fence AS", "WITH created AS", "WITH claimed AS", "WITH chosen AS", "WITH ready AS")
