@@ -110,6 +110,12 @@ def is_distributed(using: str) -> bool:
     return known
 
 
+def on_one_node(using: str) -> bool:
+    """Whether the runs' database `using` is PostgreSQL with a record on one node (not distributed by Citus): where
+    the one-statement hot path, its prepared statements and the run_state triggers apply."""
+    return connections[using].vendor == "postgresql" and not is_distributed(using)
+
+
 def forget_layout() -> None:
     """Read the layout again at the next is_distributed() (after distribute_runs, in the process that ran it)."""
     _distributed.clear()

@@ -18,11 +18,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import connections
-
 from durableruns import conf, store
 from durableruns.boundary import compute_boundary
-from durableruns.distribution import is_distributed
+from durableruns.distribution import on_one_node
 from durableruns.errors import RunCancelled, RunFailed, RunNotFound
 from durableruns.models import RunState, RunStatus, RunStep
 
@@ -39,7 +37,7 @@ def wait_for_result(run_id: str, *, timeout: float | None = None) -> dict[str, A
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     alias = RunState.objects.db
     # On Citus the trigger that announces ends is gone (durableruns.distribution): poll, as on SQLite.
-    if connections[alias].vendor == "postgresql" and not is_distributed(alias):
+    if on_one_node(alias):
         with _hearing_ends(run_id) as pause:
             return _wait(run_id, deadline, timeout, pause, RECHECK_SECONDS)
     return _wait(run_id, deadline, timeout, time.sleep, POLL_SECONDS)

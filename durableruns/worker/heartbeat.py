@@ -4,7 +4,8 @@ A paused or dead process stops renewing, and that is what lets another worker ta
 fixed cadence (a third of the shortest lease held): a run taken or handed back changes what the next beat renews,
 never when it comes, so a busy pool cannot starve its own leases. A beat that meets a database error drops the
 thread's connection and the next beat connects anew: a connection killed under it (a restarted server, a pooler,
-a network blip) must not cost the leases.
+a network blip) must not cost the leases. The same thread starts what a pass defers to it (Heartbeat.after: the
+watchdog, once its first look is due), so a pass shorter than that starts this thread alone.
 """
 
 from __future__ import annotations
