@@ -159,7 +159,8 @@ def test_a_worker_killed_mid_way_leaves_the_limit_kept_and_every_run_booked_once
     """The same with one of the three workers SIGKILLed after about a third of the bookings, while it has a
     booking in hand: that run is taken over once its lease runs out (a booking made is found by its lookup and
     completes, taking no second turn; one not made runs again, under a turn of its own), and the limit holds."""
-    runs = [durableruns.start("rated", {"carrier": "dhl", "hold": 0.05}) for _ in range(60)]
+    # Each booking held 0.2 s: the kill must land while w1 holds one, not just after the check that it does.
+    runs = [durableruns.start("rated", {"carrier": "dhl", "hold": 0.2}) for _ in range(60)]
     procs = [workers.start("--loop", "--concurrency", "4", "--interval", "0.5", "--lease", "2", "--worker", name,
                            **MARGIN)
              for name in ("w1", "w2", "w3")]
