@@ -33,6 +33,7 @@ from durableruns.models import RunState, RunStatus
 from durableruns.registry import FirstSteps, limits
 from durableruns.store.base import DATABASE, Claimed, Intent, Lease, decoded, fast, wake_workers
 from durableruns.store.claims import ATTEMPTS, FIRST_INTENT, RETURNING, TAKE, attempt_of, first_steps_json, variant
+from durableruns.store.runs import let_go
 from durableruns.store.sql import hot_path
 
 # The claim's order, over both probes' rows: priority first, then the time each was due (a ready run when it was
@@ -144,13 +145,18 @@ def claim_several(*, owner: str, lease_seconds: float, most: int, clock: Clock =
 def hand_back(claimed: Claimed, *, clock: Clock = DATABASE) -> bool:
     """Give back a run claimed ahead and never begun: due again at once (pending), its lease cleared (the record is
     as before the claim, but for the epoch); fenced on the claim's epoch. False if the run is no longer this
-    claim's."""
+    claim's.
+
+    A run staff ended or moved on while it waited here (a cancel) kept this worker's lease, which holds a limited
+    run's slot while its worker may be inside a far call: this one never began, so it lets go at once
+    (store.runs.let_go), as a pass fenced out of a run it had begun does."""
     lease = claimed.lease
     with transaction.atomic(using=conf.database(), durable=True):
         moved = RunState.objects.filter(pk=lease.run_id, epoch=lease.epoch, status=RunStatus.RUNNING).update(
             status=RunStatus.PENDING, lease_expires_at=None, wake_at=None, reason="", updated_at=clock.expression()
         )
-        if not moved:
-            return False
-        wake_workers()
-    return True
+        if moved:
+            wake_workers()
+    if not moved:
+        let_go(lease)
+    return bool(moved)

@@ -78,6 +78,22 @@ def test_a_run_handed_back_is_as_before_its_claim_but_for_the_epoch():
     assert set(RunStep.objects.filter(run_id=second.lease.run_id).values_list("attempt", flat=True)) == {1}
 
 
+def test_a_run_cancelled_while_claimed_ahead_is_let_go_when_handed_back():
+    for _ in range(2):
+        make_run("scripted", {})
+    first, second = claim_several(owner="w", lease_seconds=30, most=2, first_steps=first_steps())
+    services.cancel_run(second.lease.run_id, by="ops", note="ordered twice")
+    row = RunState.objects.get(pk=second.lease.run_id)
+    assert row.status == RunStatus.CANCELLED and row.lease_expires_at is not None  # kept: its worker may act
+    # It never began: nothing of it can be at a far system, so handing it back lets go of the lease (a limited
+    # run's slot) at once instead of when the lease runs out.
+    assert not hand_back(second)
+    row = RunState.objects.get(pk=second.lease.run_id)
+    assert (row.status, row.lease_expires_at) == (RunStatus.CANCELLED, None)
+    assert hand_back(first)  # the other, still this claim's, is handed back as before
+    assert RunState.objects.get(pk=first.lease.run_id).status == RunStatus.PENDING
+
+
 def test_a_pass_works_every_run_once_with_fewer_claims_than_runs():
     run_ids = [make_run("pool_napping", {"nap": 0}) for _ in range(20)]
     report = services.resume_due(concurrency=2, owner="host:1")
