@@ -639,7 +639,8 @@ def markdown(data: dict[str, Any]) -> str:
              f"({DECLARED_TEXT[p.get('declared', 'intent')]}), W `resume_runs --once --concurrency "
              f"{p['concurrency']} --lease 30` processes ({prefetch_text(p.get('prefetch'))}); bar: `pgbench -n -M prepared -c N -j 2 -T "
              f"{p['pgbench_seconds']}` of one single-row UPDATE (each client its own row) at N = W x "
-             f"{p['concurrency']} clients; {p['rounds']} rounds, the order rotated round by round. Medians (p10-p90).",
+             f"{p['concurrency']} clients; {p['rounds']} rounds, the order rotated round by round. Medians (p10-p90). "
+             "Each checkout's Python is compiled to bytecode first, as a deployment's is (bench.app.compile_bytecode).",
              "",
              "| workers | clients | steps/s (span) | steps/s (wall) | pgbench tps | steps/s / tps | target >= 0.35 |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -757,7 +758,9 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["DURABLERUNS_PREFETCH"] = str(args.prefetch)
     recreate_database(args.db)
     app.configure(args.db)
+    app.compile_bytecode()
     if args.baseline is not None:
+        app.compile_bytecode(args.baseline.resolve())
         prepare_baseline(args.db, args.baseline.resolve())
     meta: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

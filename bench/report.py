@@ -194,7 +194,8 @@ def markdown(results: dict[str, Any], out: Path) -> str:
         f"Reproduce: `{meta['command']}`",
         "",
         "Every figure is a median over rounds, with p10-p90 in brackets; every ratio compares figures measured "
-        "side by side in the same run (rotating rounds), with a conservative spread (p10/p90 against p90/p10).",
+        "side by side in the same run (rotating rounds), with a conservative spread (p10/p90 against p90/p10). "
+        "The checkout's Python is compiled to bytecode first, as a deployment's is (bench.app.compile_bytecode).",
     ]
     if meta.get("note"):
         lines += ["", f"**{meta['note']}**"]

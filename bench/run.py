@@ -121,6 +121,7 @@ def run(size: Size, *, out: Path, only: tuple[str, ...], dbs: Databases, profile
         "platform": platform.platform(), "postgresql": server_settings(), "git": report.git_described(), "note": note,
     }
     app.configure(dbs.app)
+    app.compile_bytecode()
     # The figure modules use durableruns' models, so they are imported once Django is set up.
     from bench import (boundary_cost, claim_cost, engine_cost, io_bound, loop_tradeoff, map_fanout, pickup, recovery,
                        scaling, throughput)
