@@ -50,10 +50,7 @@ def checks_of(dbname: str) -> list[tuple[str, str, str]]:
 def copy_without_checks(dbname: str) -> str:
     """A copy of ``dbname`` (its schema and rows) with the CHECK constraints of run_state and run_step dropped."""
     unchecked = f"{dbname}_unchecked"
-    with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(unchecked)))
-        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(unchecked),
-                                                                       sql.Identifier(dbname)))
+    recreate_database(unchecked, template=dbname)
     with psycopg.connect(conninfo(unchecked), autocommit=True) as conn:
         for table, name, _ in checks_of(unchecked):
             conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(table),

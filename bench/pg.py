@@ -52,11 +52,15 @@ def ensure_database(dbname: str, port: int = PORT) -> None:
             admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
 
 
-def recreate_database(dbname: str) -> None:
-    """Drop (terminating any sessions) and create ``dbname`` so a measurement starts empty."""
+def recreate_database(dbname: str, *, template: str | None = None) -> None:
+    """Drop (terminating any sessions) and create ``dbname`` so a measurement starts empty, or as a copy of
+    ``template`` (which must have no session of its own)."""
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname))
+    if template is not None:
+        create = sql.SQL("{} TEMPLATE {}").format(create, sql.Identifier(template))
     with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+        admin.execute(create)
 
 
 def server_settings(port: int = PORT) -> dict[str, Any]:
